@@ -1,0 +1,39 @@
+# Two entry points for a newcomer on a fresh Debian machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint typecheck check system-deps bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[demo,dev]'
+	touch $(STAMP)
+
+# Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store.
+system-deps:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
+	  else echo "redis-server missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
+
+demo: $(STAMP)
+	$(BIN)/extproc demo
+
+test: $(STAMP) system-deps
+	$(BIN)/ruff check extproc tests
+	$(BIN)/mypy
+	$(BIN)/pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check extproc tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/extproc bench overhead
+
+clean:
+	rm -rf $(VENV) out reports .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,141 @@
+"""`extproc` command line: serve | sim | demo | bench | validate | envoy render."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Coroutine, Sequence
+from pathlib import Path
+from typing import Any
+
+from extproc.config import ConfigError, load_policy
+
+
+def _run_async(main: Coroutine[Any, Any, int]) -> int:
+    try:
+        import uvloop
+
+        return int(uvloop.run(main))
+    except ImportError:  # pragma: no cover - uvloop is a hard dependency on Linux
+        return asyncio.run(main)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from extproc.server import run
+
+    return _run_async(run(Path(args.config), grace_s=args.grace))
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    failed = 0
+    for name in args.files:
+        try:
+            policy = load_policy(name)
+        except ConfigError as exc:
+            failed += 1
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            continue
+        endpoints = sum(len(pool.endpoints) for pool in policy.pools)
+        print(f"{name}: ok ({len(policy.pools)} pools, {endpoints} endpoints)")
+    return 1 if failed else 0
+
+
+def _cmd_envoy_render(args: argparse.Namespace) -> int:
+    from extproc.xds import write_config
+
+    policy = load_policy(args.config)
+    for path in write_config(policy, Path(args.out)):
+        print(path)
+    return 0
+
+
+def _cmd_sim(args: argparse.Namespace) -> int:
+    from extproc.sim import cli as sim_cli
+
+    return sim_cli.run(args)
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from extproc.demo import run_demo
+
+    return _run_async(run_demo(args))
+
+
+def _cmd_bench_overhead(args: argparse.Namespace) -> int:
+    from extproc.bench.overhead import run_overhead
+
+    return _run_async(run_overhead(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
+    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def add(name: str, handler: Callable[[argparse.Namespace], int], help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(handler=handler)
+        return sub
+
+    serve = add("serve", _cmd_serve, "Run the ext_proc service (gRPC ext_proc + health, admin HTTP).")
+    serve.add_argument("--config", required=True, help="policy YAML file")
+    serve.add_argument("--grace", type=float, default=10.0, help="seconds to drain in-flight streams on SIGTERM")
+
+    validate = add("validate", _cmd_validate, "Validate policy files; prints file:line errors, exit 1 on any.")
+    validate.add_argument("files", nargs="+", help="policy YAML files")
+
+    envoy = commands.add_parser("envoy", help="Envoy configuration tools.", description="Envoy configuration tools.")
+    envoy_commands = envoy.add_subparsers(dest="envoy_command", required=True, metavar="SUBCOMMAND")
+    render = envoy_commands.add_parser(
+        "render", help="Write Envoy bootstrap + file-based xDS (LDS/RDS/CDS/EDS) for a policy.",
+        description="Write Envoy bootstrap + file-based xDS for a policy, each file by atomic rename, plus "
+                    "static/envoy.yaml (everything inlined, for `envoy --mode validate`).",
+    )
+    render.add_argument("--config", required=True, help="policy YAML file")
+    render.add_argument("--out", required=True, help="output directory (Envoy watches it)")
+    render.set_defaults(handler=_cmd_envoy_render)
+
+    sim = add("sim", _cmd_sim, "Run a simulated vLLM fleet (OpenAI API, vLLM metrics, KV cache, faults).")
+    from extproc.sim import cli as sim_cli
+
+    sim_cli.configure(sim)
+
+    demo = add("demo", _cmd_demo, "Start a simulated fleet, the service and a real Envoy; drive mixed traffic.")
+    from extproc.demo import configure as demo_configure
+
+    demo_configure(demo)
+
+    bench = commands.add_parser("bench", help="Benchmarks that print numbers and write reports.",
+                                description="Benchmarks that print numbers and write reports.")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
+    overhead = bench_commands.add_parser(
+        "overhead", help="Latency added by our filter: the same load through Envoy with and without it.",
+        description="Latency added by our filter: the same load through Envoy with and without it "
+                    "(backend: an Envoy direct_response).",
+    )
+    from extproc.bench.overhead import configure as overhead_configure
+
+    overhead_configure(overhead)
+    overhead.set_defaults(handler=_cmd_bench_overhead)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Policy file schema: what an operator writes in YAML, validated strictly.
+
+Every model is frozen, so a loaded policy is an immutable snapshot that can be shared by every
+request in flight while a reload builds the next one.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
+_HEADER = re.compile(r"^[a-z0-9-]+$")
+
+Port = Annotated[int, Field(ge=1, le=65535)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def parse_endpoint(text: str) -> tuple[str, int]:
+    """Split `ip:port` (IPv6 as `[ip]:port`); Envoy's override_host needs literal IPs."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(f"endpoint {text!r} must be ip:port")
+    host = host.removeprefix("[").removesuffix("]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError as exc:
+        raise ValueError(f"endpoint {text!r}: {host!r} is not an IP address") from exc
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"endpoint {text!r}: port out of range")
+    return host, port
+
+
+class ServiceConfig(_Strict):
+    """Where our own servers listen."""
+
+    grpc_host: str = "127.0.0.1"
+    grpc_port: Port = 9002
+    admin_host: str = "127.0.0.1"
+    admin_port: Port = 9003
+
+
+class BoundsConfig(_Strict):
+    """Hard limits on what a client may send; over them the request is refused, never crashes us."""
+
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    max_json_depth: int = Field(default=32, ge=2, le=256)
+
+
+class EnvoyConfig(_Strict):
+    """Settings for the Envoy files `extproc envoy render` writes."""
+
+    listen_host: str = "127.0.0.1"
+    listen_port: Port = 8080
+    admin_port: Port = 9901
+    cluster_header: str = "x-gateway-pool"
+    endpoint_header: str = "x-gateway-destination-endpoint"
+    # ext_proc: how long Envoy waits for each of our replies before applying failure_mode_allow.
+    message_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
+    # false = fail closed: if the service is unreachable, Envoy answers 500 instead of bypassing it.
+    failure_mode_allow: bool = False
+    route_timeout_s: float = Field(default=600.0, ge=0)
+    stream_idle_timeout_s: float = Field(default=300.0, ge=1)
+    # Adds `x-gateway-upstream-host` to responses (the vLLM endpoint that served). Useful for demos
+    # and debugging; it reveals internal addresses, so it is off by default.
+    expose_upstream_host: bool = False
+    # Envoy's own outlier detection on pool clusters (passive health, independent of ours).
+    outlier_consecutive_5xx: int = Field(default=3, ge=1)
+    outlier_base_ejection_s: float = Field(default=10.0, gt=0)
+    outlier_max_ejection_percent: int = Field(default=50, ge=0, le=100)
+    max_connections: int = Field(default=10_000, ge=1)
+    max_pending_requests: int = Field(default=10_000, ge=1)
+    max_requests: int = Field(default=10_000, ge=1)
+
+    @field_validator("cluster_header", "endpoint_header")
+    @classmethod
+    def _lower_header(cls, value: str) -> str:
+        if not _HEADER.match(value):
+            raise ValueError(f"header name {value!r} must be lowercase letters, digits and '-'")
+        return value
+
+
+class PoolConfig(_Strict):
+    """A set of vLLM endpoints serving one model; becomes one Envoy cluster of the same name."""
+
+    name: str
+    model: str = Field(description="model name the vLLM servers of this pool serve")
+    aliases: tuple[str, ...] = ()
+    endpoints: tuple[str, ...] = Field(min_length=1)
+    fallbacks: int = Field(default=2, ge=0, le=16, description="extra endpoints listed after the pick")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError(f"pool name {value!r} must match {_NAME.pattern} (it becomes a cluster name)")
+        return value
+
+    @field_validator("endpoints")
+    @classmethod
+    def _valid_endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            parse_endpoint(item)
+        if len(set(value)) != len(value):
+            raise ValueError("duplicate endpoint in pool")
+        return value
+
+
+class Policy(_Strict):
+    """The whole policy file."""
+
+    service: ServiceConfig = ServiceConfig()
+    bounds: BoundsConfig = BoundsConfig()
+    envoy: EnvoyConfig = EnvoyConfig()
+    pools: tuple[PoolConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Policy:
+        seen_pools: set[str] = set()
+        seen_models: dict[str, str] = {}
+        for pool in self.pools:
+            if pool.name in seen_pools:
+                raise ValueError(f"duplicate pool name {pool.name!r}")
+            seen_pools.add(pool.name)
+            for name in (pool.model, *pool.aliases):
+                other = seen_models.get(name)
+                if other is not None and other != pool.name:
+                    raise ValueError(f"model name {name!r} is claimed by pools {other!r} and {pool.name!r}")
+                seen_models[name] = pool.name
+        return self

@@ -1,0 +1,8 @@
+"""Sans-IO decision pipeline: authenticate -> admit -> route -> schedule -> Decision."""
+
+from extproc.gateway.pipeline import Exchange, Gateway, error_response
+from extproc.gateway.snapshot import Snapshot, SnapshotHolder
+from extproc.gateway.types import Decision, RequestHead, Respond, Route
+
+__all__ = ["Decision", "Exchange", "Gateway", "RequestHead", "Respond", "Route", "Snapshot", "SnapshotHolder",
+           "error_response"]

@@ -1,0 +1,146 @@
+"""The decision pipeline: request head -> body -> Decision, and the outcome bookkeeping after.
+
+Sans-IO and synchronous: the server adapter feeds it plain dataclasses and turns its answers into
+protobufs. Per-request routing state lives in an `Exchange`, apart from protocol state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from extproc.endpoints import EndpointRegistry, Lease
+from extproc.gateway.snapshot import Snapshot, SnapshotHolder
+from extproc.gateway.types import Decision, RequestHead, Respond, Route
+from extproc.openai import Api, ApiError, InferenceRequest, api_for_path, parse_request, rewrite_model
+from extproc.openai import errors as oai
+from extproc.scheduling import LeastInFlightPicker
+from extproc.telemetry import GatewayMetrics
+
+_JSON = (("content-type", "application/json"),)
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    """Routing state of one HTTP exchange, from request headers to the end of the stream."""
+
+    head: RequestHead
+    snapshot: Snapshot
+    api: Api | None
+    started: float
+    request: InferenceRequest | None = None
+    pool: str = ""
+    model: str = ""
+    outcome: str = "incomplete"
+    status: int | None = None
+    routed_at: float | None = None
+    leases: list[Lease] = field(default_factory=list)
+    finished: bool = False
+
+
+def error_response(error: ApiError) -> Respond:
+    return Respond(error.status, error.body(), _JSON + error.headers, details=error.code or error.type)
+
+
+class Gateway:
+    def __init__(
+        self,
+        snapshots: SnapshotHolder,
+        registry: EndpointRegistry,
+        metrics: GatewayMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._snapshots = snapshots
+        self._registry = registry
+        self._metrics = metrics
+        self._clock = clock
+        self._picker = LeastInFlightPicker()
+        self.sync_endpoints()
+
+    def sync_endpoints(self) -> None:
+        pools = self._snapshots.current.policy.pools
+        self._registry.sync((pool.name, pool.endpoints) for pool in pools)
+
+    # -- request phases -------------------------------------------------------------------------
+    def request_headers(self, head: RequestHead) -> tuple[Exchange, Respond | None]:
+        snapshot = self._snapshots.current
+        path = head.path.partition("?")[0]
+        exchange = Exchange(head, snapshot, api_for_path(path), self._clock())
+        if exchange.api is None:
+            if path.rstrip("/") == "/v1/models" and head.method == "GET":
+                exchange.outcome = "models"
+                return exchange, Respond(200, snapshot.models_listing, _JSON, details="models")
+            return exchange, self._reject(exchange, oai.not_found(path))
+        if head.method != "POST":
+            return exchange, self._reject(exchange, oai.method_not_allowed(head.method, path))
+        if head.end_of_stream:
+            return exchange, self._reject(exchange, oai.bad_request("Request body is empty", "invalid_json"))
+        limit = snapshot.policy.bounds.max_body_bytes
+        declared = head.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            return exchange, self._reject(exchange, oai.too_large(limit))
+        return exchange, None
+
+    def request_body(self, exchange: Exchange, body: bytes) -> Decision:
+        started = self._clock()
+        try:
+            return self._route(exchange, body)
+        except ApiError as error:
+            return self._reject(exchange, error)
+        finally:
+            self._metrics.decision_seconds.observe(self._clock() - started)
+
+    def _route(self, exchange: Exchange, body: bytes) -> Decision:
+        if exchange.api is None:  # headers phase already answered; Envoy should not send a body
+            raise oai.not_found(exchange.head.path)
+        bounds = exchange.snapshot.policy.bounds
+        request = parse_request(exchange.api, body, max_bytes=bounds.max_body_bytes, max_depth=bounds.max_json_depth)
+        exchange.request = request
+        exchange.model = request.model
+        pool = exchange.snapshot.by_model.get(request.model)
+        if pool is None:
+            raise oai.model_not_found(request.model)
+        exchange.pool = pool.name
+        state = self._registry.pool(pool.name)
+        picked = self._picker.pick(state, pool.fallbacks) if state is not None else ()
+        if not picked:
+            raise oai.no_capacity(pool.name)
+        exchange.leases.append(Lease(picked[0]))
+        exchange.routed_at = self._clock()
+        exchange.outcome = "routed"
+        addresses = tuple(ep.address for ep in picked)
+        envoy = exchange.snapshot.policy.envoy
+        new_body = rewrite_model(request.document, pool.model) if request.model != pool.model else None
+        headers: list[tuple[str, str]] = [
+            (envoy.cluster_header, pool.name),
+            (envoy.endpoint_header, ",".join(addresses)),
+        ]
+        if new_body is not None:
+            headers.append(("content-length", str(len(new_body))))
+        self._metrics.in_flight.inc()
+        return Route(pool.name, addresses, tuple(headers), new_body)
+
+    def _reject(self, exchange: Exchange, error: ApiError) -> Respond:
+        exchange.outcome = f"rejected_{error.status}"
+        exchange.status = error.status
+        return error_response(error)
+
+    # -- outcome --------------------------------------------------------------------------------
+    def response_headers(self, exchange: Exchange, status: int) -> None:
+        exchange.status = status
+        if exchange.pool:
+            self._metrics.upstream_status.labels(exchange.pool, f"{status // 100}xx").inc()
+
+    def finish(self, exchange: Exchange) -> None:
+        """End of the exchange (normal end, client disconnect or reset): release everything once."""
+        if exchange.finished:
+            return
+        exchange.finished = True
+        for lease in exchange.leases:
+            lease.release()
+        if exchange.routed_at is not None:
+            self._metrics.in_flight.dec()
+            self._metrics.duration_seconds.labels(exchange.pool).observe(self._clock() - exchange.routed_at)
+        model = exchange.model if exchange.model in exchange.snapshot.by_model else "unknown"
+        self._metrics.requests.labels(model, exchange.pool or "none", exchange.outcome).inc()

@@ -1,0 +1,41 @@
+"""An immutable routing snapshot derived from one policy; swapped whole on reload."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from extproc.config import Policy, PoolConfig
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    policy: Policy
+    version: int
+    by_model: dict[str, PoolConfig] = field(default_factory=dict)
+    models_listing: bytes = b""
+
+    @classmethod
+    def build(cls, policy: Policy, version: int) -> Snapshot:
+        by_model: dict[str, PoolConfig] = {}
+        for pool in policy.pools:
+            for name in (pool.model, *pool.aliases):
+                by_model[name] = pool
+        listing = {
+            "object": "list",
+            "data": [{"id": name, "object": "model", "owned_by": pool.name} for name, pool in by_model.items()],
+        }
+        return cls(policy, version, by_model, json.dumps(listing, separators=(",", ":")).encode())
+
+
+class SnapshotHolder:
+    """Holds the current snapshot; readers take `current` once per request and keep it."""
+
+    def __init__(self, policy: Policy) -> None:
+        self._version = 1
+        self.current = Snapshot.build(policy, self._version)
+
+    def replace(self, policy: Policy) -> Snapshot:
+        self._version += 1
+        self.current = Snapshot.build(policy, self._version)
+        return self.current

@@ -1,0 +1,43 @@
+"""Plain data the decision pipeline exchanges with the server adapter; no protobufs here."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+Headers = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHead:
+    method: str
+    path: str
+    headers: Mapping[str, str]
+    end_of_stream: bool = False
+
+    @property
+    def request_id(self) -> str:
+        return self.headers.get("x-request-id", "")
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Send the request on: headers to set (pool cluster, destination endpoints), optional new body."""
+
+    pool: str
+    endpoints: tuple[str, ...]
+    set_headers: Headers
+    body: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Respond:
+    """Answer the client at once without reaching any upstream."""
+
+    status: int
+    body: bytes
+    headers: Headers = ()
+    details: str = ""
+
+
+Decision = Route | Respond

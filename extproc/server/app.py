@@ -1,0 +1,105 @@
+"""Application factory and runner for `extproc serve`: gRPC (ext_proc + health) and admin HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from aiohttp import web
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from prometheus_client import CollectorRegistry
+
+from extproc.config import Policy, load_policy
+from extproc.endpoints import EndpointRegistry
+from extproc.gateway import Gateway, SnapshotHolder
+from extproc.server.admin import build_admin_app
+from extproc.server.processor import ExternalProcessorService
+from extproc.telemetry import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", 80 * 1024 * 1024),
+    ("grpc.max_send_message_length", 80 * 1024 * 1024),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.so_reuseport", 1),
+]
+
+
+@dataclass
+class Service:
+    """Everything one service process owns; built by `build_service`, run by `run`."""
+
+    policy_path: Path | None
+    snapshots: SnapshotHolder
+    endpoints: EndpointRegistry
+    metrics: GatewayMetrics
+    gateway: Gateway
+    grpc_server: grpc.aio.Server
+    health: HealthServicer
+    admin_runner: web.AppRunner
+    grpc_port: int = 0
+    admin_port: int = 0
+    draining: bool = False
+
+    async def start(self) -> None:
+        service = self.snapshots.current.policy.service
+        self.grpc_port = self.grpc_server.add_insecure_port(f"{service.grpc_host}:{service.grpc_port}")
+        await self.grpc_server.start()
+        await self.admin_runner.setup()
+        site = web.TCPSite(self.admin_runner, service.admin_host, service.admin_port, reuse_port=True)
+        await site.start()
+        sockets = self.admin_runner.addresses
+        self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
+        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
+        await self.health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
+        log.info("serving ext_proc on %s:%d, admin on %s:%d",
+                 service.grpc_host, self.grpc_port, service.admin_host, self.admin_port)
+
+    def ready(self) -> bool:
+        return not self.draining and any(pool.endpoints for pool in self.endpoints.pools())
+
+    async def stop(self, grace_s: float = 10.0) -> None:
+        """Drain: report NOT_SERVING, stop taking streams, let in-flight ones finish for `grace_s`."""
+        self.draining = True
+        await self.health.enter_graceful_shutdown()
+        await self.grpc_server.stop(grace_s)
+        await self.admin_runner.cleanup()
+
+
+def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
+    registry = CollectorRegistry()
+    metrics = GatewayMetrics(registry)
+    snapshots = SnapshotHolder(policy)
+    endpoints = EndpointRegistry()
+    gateway = Gateway(snapshots, endpoints, metrics)
+    server = grpc.aio.server(options=_GRPC_OPTIONS)
+    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway), server)
+    health_servicer = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
+                      web.AppRunner(web.Application()))
+    service.admin_runner = web.AppRunner(
+        build_admin_app(registry, endpoints, snapshots, service.ready), access_log=None
+    )
+    return service
+
+
+async def run(policy_path: Path, grace_s: float = 10.0) -> int:
+    policy = load_policy(policy_path)
+    service = build_service(policy, policy_path)
+    await service.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("draining (grace %.0fs)", grace_s)
+    await service.stop(grace_s)
+    return 0

@@ -1,0 +1,86 @@
+"""The ext_proc gRPC service: one `StreamProcessor` per HTTP exchange (one gRPC stream)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
+from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
+
+from extproc.gateway import Exchange, Gateway, Respond, Route, error_response
+from extproc.openai import errors as oai
+from extproc.server import protocol
+
+log = logging.getLogger(__name__)
+
+
+class StreamProcessor:
+    """Protocol state of one exchange: which phase we are in and the Exchange it belongs to."""
+
+    __slots__ = ("exchange", "gateway")
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.exchange: Exchange | None = None
+
+    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | None:
+        phase = message.WhichOneof("request")
+        if phase == "request_headers":
+            exchange, reply = self.gateway.request_headers(protocol.request_head(message.request_headers))
+            self.exchange = exchange
+            return protocol.CONTINUE_REQUEST_HEADERS if reply is None else protocol.immediate_response(reply)
+        if phase == "request_body":
+            if self.exchange is None:
+                return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
+            decision = self.gateway.request_body(self.exchange, message.request_body.body)
+            if isinstance(decision, Route):
+                return protocol.route_response(decision)
+            return protocol.immediate_response(decision)
+        if phase == "response_headers":
+            if self.exchange is not None:
+                self.gateway.response_headers(self.exchange, protocol.response_status(message.response_headers))
+            return protocol.CONTINUE_RESPONSE_HEADERS
+        # Trailers/bodies arrive only if Envoy is configured to send them; answer so Envoy never waits.
+        return _continue_for(phase)
+
+    def close(self) -> None:
+        if self.exchange is not None:
+            self.gateway.finish(self.exchange)
+
+
+def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
+    if phase == "response_body":
+        return ext_pb.ProcessingResponse(response_body=ext_pb.BodyResponse())
+    if phase == "request_trailers":
+        return ext_pb.ProcessingResponse(request_trailers=ext_pb.TrailersResponse())
+    if phase == "response_trailers":
+        return ext_pb.ProcessingResponse(response_trailers=ext_pb.TrailersResponse())
+    return None
+
+
+class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
+    def __init__(self, gateway: Gateway) -> None:
+        self._gateway = gateway
+
+    async def Process(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
+    ) -> AsyncIterator[ext_pb.ProcessingResponse]:
+        stream = StreamProcessor(self._gateway)
+        try:
+            async for message in request_iterator:
+                try:
+                    response = stream.handle(message)
+                except Exception:  # a bug must not take the exchange down with a gRPC error
+                    log.exception("ext_proc message handling failed")
+                    response = protocol.immediate_response(
+                        Respond(500, oai.ApiError(500, "internal gateway error", "server_error").body(),
+                                (("content-type", "application/json"),), "internal_error")
+                    )
+                if response is not None:
+                    yield response
+        finally:
+            # The stream ends when the HTTP exchange ends (or the client goes away): release here.
+            stream.close()

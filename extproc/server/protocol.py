@@ -1,0 +1,76 @@
+"""Translate between Envoy ext_proc protobufs and the pipeline's plain dataclasses.
+
+The only module (with `processor.py`) that touches Envoy protos.
+"""
+
+from __future__ import annotations
+
+from envoy.config.core.v3 import base_pb2
+from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
+from envoy.type.v3 import http_status_pb2
+
+from extproc.gateway import RequestHead, Respond, Route
+
+_OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
+
+CONTINUE_REQUEST_HEADERS = ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse())
+CONTINUE_RESPONSE_HEADERS = ext_pb.ProcessingResponse(response_headers=ext_pb.HeadersResponse())
+CONTINUE_REQUEST_BODY = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse())
+
+
+def header_map(headers: ext_pb.HttpHeaders) -> dict[str, str]:
+    """Envoy sends lowercase keys, values in raw_value (bytes); repeated keys are comma-joined."""
+    result: dict[str, str] = {}
+    for item in headers.headers.headers:
+        value = item.raw_value.decode("latin-1") if item.raw_value else item.value
+        key = item.key
+        result[key] = f"{result[key]},{value}" if key in result else value
+    return result
+
+
+def request_head(headers: ext_pb.HttpHeaders) -> RequestHead:
+    values = header_map(headers)
+    return RequestHead(
+        method=values.get(":method", ""),
+        path=values.get(":path", ""),
+        headers=values,
+        end_of_stream=headers.end_of_stream,
+    )
+
+
+def response_status(headers: ext_pb.HttpHeaders) -> int:
+    for item in headers.headers.headers:
+        if item.key == ":status":
+            raw = item.raw_value or item.value.encode()
+            return int(raw) if raw.isdigit() else 0
+    return 0
+
+
+def _set_headers(pairs: tuple[tuple[str, str], ...]) -> list[base_pb2.HeaderValueOption]:
+    return [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=key, raw_value=value.encode("latin-1")), append_action=_OVERWRITE
+        )
+        for key, value in pairs
+    ]
+
+
+def route_response(route: Route) -> ext_pb.ProcessingResponse:
+    common = ext_pb.CommonResponse(
+        header_mutation=ext_pb.HeaderMutation(set_headers=_set_headers(route.set_headers)),
+        clear_route_cache=True,
+    )
+    if route.body is not None:
+        common.body_mutation.body = route.body
+    return ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
+
+
+def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:
+    return ext_pb.ProcessingResponse(
+        immediate_response=ext_pb.ImmediateResponse(
+            status=http_status_pb2.HttpStatus(code=reply.status),
+            headers=ext_pb.HeaderMutation(set_headers=_set_headers(reply.headers)),
+            body=reply.body,
+            details=reply.details,
+        )
+    )

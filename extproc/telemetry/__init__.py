@@ -1,0 +1,5 @@
+"""Metrics and logs."""
+
+from extproc.telemetry.metrics import GatewayMetrics
+
+__all__ = ["GatewayMetrics"]

@@ -1,0 +1,34 @@
+"""Prometheus metrics of the gateway, on an injected registry (no global default registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+_DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class GatewayMetrics:
+    """Label values are bounded: models and pools come from config, outcomes from a fixed set."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.requests = Counter(
+            "extproc_requests", "Requests decided, by outcome", ["model", "pool", "outcome"], registry=registry
+        )
+        self.decision_seconds = Histogram(
+            "extproc_decision_seconds", "Time to decide a request inside the service",
+            buckets=_DECISION_BUCKETS, registry=registry,
+        )
+        self.duration_seconds = Histogram(
+            "extproc_request_duration_seconds", "From request body to end of exchange, per pool",
+            ["pool"], buckets=_DURATION_BUCKETS, registry=registry,
+        )
+        self.upstream_status = Counter(
+            "extproc_upstream_responses", "Response status classes seen from upstream, per pool",
+            ["pool", "status_class"], registry=registry,
+        )
+        self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
+        self.config_loads = Counter(
+            "extproc_config_loads", "Policy loads by result", ["result"], registry=registry
+        )

@@ -1,0 +1,304 @@
+"""Render Envoy's bootstrap and file-based xDS (LDS, RDS, CDS, one EDS per pool) from a policy.
+
+Pools and clusters come from one source, so they can never disagree. Files are written with an
+atomic rename into a directory Envoy watches, so Envoy never reads a half-written file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.config import EnvoyConfig, Policy, PoolConfig
+from extproc.config.schema import parse_endpoint
+
+EXTPROC_CLUSTER = "extproc"
+ROUTE_CONFIG = "llm_routes"
+LISTENER = "llm_listener"
+_T = "type.googleapis.com/envoy."
+
+# Local replies that Envoy itself generates (no upstream, upstream failed, body too large, ext_proc
+# down) get an OpenAI-shaped body too. Replies our service sends are already JSON and are left alone.
+# Mappers also see the replies our service sends through ext_proc, so each uses a fixed message
+# that is right whoever produced the status.
+_ENVOY_FAILURES: tuple[tuple[str, int | None, str, str, str], ...] = (
+    ("UH", 503, "server_error", "no_healthy_upstream", "No healthy endpoint in the pool; retry later"),
+    ("UF", 503, "server_error", "upstream_connect_failure", "Could not connect to the model server"),
+    ("UO", 503, "server_error", "upstream_overflow", "The model pool is over capacity; retry later"),
+    ("NC", 503, "server_error", "no_pool_selected", "No model pool was selected for this request"),
+    ("NR", 404, "invalid_request_error", "no_route", "No route for this request"),
+    ("UT", 504, "server_error", "upstream_timeout", "The model server did not answer in time"),
+    ("URX", 503, "server_error", "upstream_retry_limit_exceeded", "The model server failed after retries"),
+    ("UC", 503, "server_error", "upstream_connection_terminated", "The model server closed the connection"),
+)
+_BY_STATUS: tuple[tuple[int, str, str, str], ...] = (
+    (413, "invalid_request_error", "request_too_large", "Request body exceeds the gateway's size limit"),
+    (500, "server_error", "gateway_error", "The gateway could not process the request"),
+)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g}s"
+
+
+def _file_source(directory: Path, name: str) -> dict[str, Any]:
+    return {
+        "path_config_source": {"path": str(directory / name), "watched_directory": {"path": str(directory)}},
+        "resource_api_version": "V3",
+    }
+
+
+def _address(host: str, port: int) -> dict[str, Any]:
+    return {"socket_address": {"address": host, "port_value": port}}
+
+
+def _openai_error_format(error_type: str, code: str, message: str) -> dict[str, Any]:
+    return {
+        "json_format": {"error": {"message": message, "type": error_type, "param": None, "code": code}},
+        "content_type": "application/json",
+    }
+
+
+def _local_reply_config() -> dict[str, Any]:
+    mappers: list[dict[str, Any]] = [
+        {
+            "filter": {"response_flag_filter": {"flags": [flag]}},
+            **({"status_code": status} if status else {}),
+            "body_format_override": _openai_error_format(error_type, code, message),
+        }
+        for flag, status, error_type, code, message in _ENVOY_FAILURES
+    ]
+    # Body over the buffer limit (Envoy's own 413) and ext_proc failures (500 from the filter).
+    for status, error_type, code, message in _BY_STATUS:
+        mappers.append({
+            "filter": {"status_code_filter": {"comparison": {
+                "op": "EQ", "value": {"default_value": status, "runtime_key": f"extproc.local_reply.{status}"}}}},
+            "body_format_override": _openai_error_format(error_type, code, message),
+        })
+    return {"mappers": mappers}
+
+
+def http_filters(policy: Policy) -> list[dict[str, Any]]:
+    envoy = policy.envoy
+    strip = [{"remove": name} for name in (envoy.cluster_header, envoy.endpoint_header)]
+    return [
+        {
+            "name": "envoy.filters.http.header_mutation",
+            "typed_config": {
+                "@type": _T + "extensions.filters.http.header_mutation.v3.HeaderMutation",
+                "mutations": {"request_mutations": strip},
+            },
+        },
+        {
+            "name": "envoy.filters.http.ext_proc",
+            "typed_config": {
+                "@type": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
+                "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
+                "failure_mode_allow": envoy.failure_mode_allow,
+                "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
+                "processing_mode": {
+                    "request_header_mode": "SEND",
+                    "response_header_mode": "SEND",
+                    "request_body_mode": "BUFFERED",
+                    "response_body_mode": "NONE",
+                    "request_trailer_mode": "SKIP",
+                    "response_trailer_mode": "SKIP",
+                },
+            },
+        },
+        {"name": "envoy.filters.http.router",
+         "typed_config": {"@type": _T + "extensions.filters.http.router.v3.Router"}},
+    ]
+
+
+def route_config(policy: Policy) -> dict[str, Any]:
+    envoy = policy.envoy
+    route: dict[str, Any] = {
+        "match": {"prefix": "/"},
+        "route": {"cluster_header": envoy.cluster_header, "timeout": _seconds(envoy.route_timeout_s)},
+    }
+    if envoy.expose_upstream_host:
+        route["response_headers_to_add"] = [{
+            "header": {"key": "x-gateway-upstream-host", "value": "%UPSTREAM_REMOTE_ADDRESS%"},
+            "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
+        }]
+    return {
+        "@type": _T + "config.route.v3.RouteConfiguration",
+        "name": ROUTE_CONFIG,
+        "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": [route]}],
+    }
+
+
+def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
+    envoy = policy.envoy
+    hcm: dict[str, Any] = {
+        "@type": _T + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "llm",
+        "codec_type": "AUTO",
+        "stream_idle_timeout": _seconds(envoy.stream_idle_timeout_s),
+        "request_timeout": "0s",
+        "local_reply_config": _local_reply_config(),
+        "http_filters": http_filters(policy),
+        **rds,
+    }
+    return {
+        "@type": _T + "config.listener.v3.Listener",
+        "name": LISTENER,
+        "address": _address(envoy.listen_host, envoy.listen_port),
+        # The request body is buffered for ext_proc: allow the policy's max body plus headroom.
+        "per_connection_buffer_limit_bytes": policy.bounds.max_body_bytes + 65536,
+        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                        "typed_config": hcm}]}],
+    }
+
+
+def load_assignment(pool: PoolConfig) -> dict[str, Any]:
+    endpoints = [{"endpoint": {"address": _address(*parse_endpoint(a))}} for a in pool.endpoints]
+    return {
+        "@type": _T + "config.endpoint.v3.ClusterLoadAssignment",
+        "cluster_name": pool.name,
+        "endpoints": [{"lb_endpoints": endpoints}],
+    }
+
+
+def _pool_cluster(pool: PoolConfig, envoy: EnvoyConfig, eds: dict[str, Any] | None) -> dict[str, Any]:
+    cluster: dict[str, Any] = {
+        "@type": _T + "config.cluster.v3.Cluster",
+        "name": pool.name,
+        "connect_timeout": "1s",
+        # Our service names the endpoint in a header; Envoy keeps health, outlier detection and
+        # circuit breakers working, and falls back to least_request if the header is missing/unknown.
+        "load_balancing_policy": {"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.override_host",
+            "typed_config": {
+                "@type": _T + "extensions.load_balancing_policies.override_host.v3.OverrideHost",
+                "override_host_sources": [{"header": envoy.endpoint_header}],
+                "fallback_policy": {"policies": [{"typed_extension_config": {
+                    "name": "envoy.load_balancing_policies.least_request",
+                    "typed_config": {
+                        "@type": _T + "extensions.load_balancing_policies.least_request.v3.LeastRequest"},
+                }}]},
+            },
+        }}]},
+        "outlier_detection": {
+            "consecutive_5xx": envoy.outlier_consecutive_5xx,
+            "consecutive_gateway_failure": envoy.outlier_consecutive_5xx,
+            "interval": "1s",
+            "base_ejection_time": _seconds(envoy.outlier_base_ejection_s),
+            "max_ejection_percent": envoy.outlier_max_ejection_percent,
+        },
+        "circuit_breakers": {"thresholds": [{
+            "priority": "DEFAULT",
+            "max_connections": envoy.max_connections,
+            "max_pending_requests": envoy.max_pending_requests,
+            "max_requests": envoy.max_requests,
+            "max_retries": 3,
+        }]},
+    }
+    if eds is None:
+        cluster["type"] = "STATIC"
+        assignment = load_assignment(pool)
+        assignment.pop("@type")
+        cluster["load_assignment"] = assignment
+    else:
+        cluster["type"] = "EDS"
+        cluster["eds_cluster_config"] = {"eds_config": eds}
+    return cluster
+
+
+def extproc_cluster(policy: Policy) -> dict[str, Any]:
+    service = policy.service
+    return {
+        "@type": _T + "config.cluster.v3.Cluster",
+        "name": EXTPROC_CLUSTER,
+        "type": "STATIC",
+        "connect_timeout": "0.25s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }},
+        "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": _address(service.grpc_host, service.grpc_port)}}]}]},
+        "health_checks": [{
+            "timeout": "0.5s", "interval": "2s", "unhealthy_threshold": 2, "healthy_threshold": 1,
+            "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
+        }],
+    }
+
+
+def _strip_type(resource: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in resource.items() if k != "@type"}
+
+
+def render_files(policy: Policy, directory: Path) -> dict[str, dict[str, Any]]:
+    """The dynamic (file-xDS) layout: bootstrap.yaml, lds.yaml, rds.yaml, cds.yaml, eds-<pool>.yaml."""
+    files: dict[str, dict[str, Any]] = {}
+    rds = {"rds": {"route_config_name": ROUTE_CONFIG, "config_source": _file_source(directory, "rds.yaml")}}
+    files["lds.yaml"] = {"resources": [listener(policy, rds)]}
+    files["rds.yaml"] = {"resources": [route_config(policy)]}
+    clusters = [extproc_cluster(policy)]
+    for pool in policy.pools:
+        name = f"eds-{pool.name}.yaml"
+        files[name] = {"resources": [load_assignment(pool)]}
+        clusters.append(_pool_cluster(pool, policy.envoy, _file_source(directory, name)))
+    files["cds.yaml"] = {"resources": clusters}
+    files["bootstrap.yaml"] = {
+        "node": {"id": "llm-gateway", "cluster": "llm-gateway"},
+        "admin": {"address": _address("127.0.0.1", policy.envoy.admin_port)},
+        "dynamic_resources": {
+            "lds_config": _file_source(directory, "lds.yaml"),
+            "cds_config": _file_source(directory, "cds.yaml"),
+        },
+        "layered_runtime": {"layers": [{"name": "static", "static_layer": {
+            "overload.global_downstream_max_connections": 50000}}]},
+    }
+    return files
+
+
+def render_static(policy: Policy) -> dict[str, Any]:
+    """The same configuration inlined into one bootstrap (for `envoy --mode validate` and simple runs)."""
+    hcm_listener = _strip_type(listener(policy, {"route_config": _strip_type(route_config(policy))}))
+    clusters = [_strip_type(extproc_cluster(policy))]
+    clusters += [_strip_type(_pool_cluster(pool, policy.envoy, None)) for pool in policy.pools]
+    return {
+        "node": {"id": "llm-gateway", "cluster": "llm-gateway"},
+        "admin": {"address": _address("127.0.0.1", policy.envoy.admin_port)},
+        "static_resources": {"listeners": [hcm_listener], "clusters": clusters},
+    }
+
+
+def write_atomic(path: Path, content: str) -> None:
+    """Write next to the target, then rename over it: Envoy's watcher sees one complete file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(content)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def dump(document: dict[str, Any]) -> str:
+    return yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+
+
+def write_config(policy: Policy, directory: Path) -> list[Path]:
+    """Write every file; xDS resources first and the bootstrap last, each by atomic rename."""
+    directory = directory.resolve()
+    files = render_files(policy, directory)
+    written: list[Path] = []
+    order = sorted(files, key=lambda n: (n == "bootstrap.yaml", n.startswith(("lds", "cds")), n))
+    for name in order:
+        target = directory / name
+        write_atomic(target, dump(files[name]))
+        written.append(target)
+    static = directory / "static" / "envoy.yaml"
+    write_atomic(static, dump(render_static(policy)))
+    written.append(static)
+    return written
