@@ -47,7 +47,8 @@ def _cmd_envoy_render(args: argparse.Namespace) -> int:
     from extproc.xds import write_config
 
     policy = load_policy(args.config)
-    for path in write_config(policy, Path(args.out)):
+    mount = Path(args.mount) if args.mount else None
+    for path in write_config(policy, Path(args.out), mount):
         print(path)
     return 0
 
@@ -96,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     render.add_argument("--config", required=True, help="policy YAML file")
     render.add_argument("--out", required=True, help="output directory (Envoy watches it)")
+    render.add_argument("--mount", help="the directory's path as Envoy sees it, if different (e.g. /etc/envoy/xds "
+                                        "in a container); file paths inside the config use it")
     render.set_defaults(handler=_cmd_envoy_render)
 
     sim = add("sim", _cmd_sim, "Run a simulated vLLM fleet (OpenAI API, vLLM metrics, KV cache, faults).")

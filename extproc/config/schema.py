@@ -66,6 +66,8 @@ class EnvoyConfig(_Strict):
     message_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
     # false = fail closed: if the service is unreachable, Envoy answers 500 instead of bypassing it.
     failure_mode_allow: bool = False
+    # Retries on connect failure / refused stream / reset before any response, each to another endpoint.
+    retries: int = Field(default=2, ge=0, le=10)
     route_timeout_s: float = Field(default=600.0, ge=0)
     stream_idle_timeout_s: float = Field(default=300.0, ge=1)
     # Adds `x-gateway-upstream-host` to responses (the vLLM endpoint that served). Useful for demos

@@ -65,7 +65,7 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
     def __init__(self, gateway: Gateway) -> None:
         self._gateway = gateway
 
-    async def Process(  # noqa: N802 - gRPC method name
+    async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> AsyncIterator[ext_pb.ProcessingResponse]:
         stream = StreamProcessor(self._gateway)

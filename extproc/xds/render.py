@@ -68,6 +68,8 @@ def _local_reply_config() -> dict[str, Any]:
         {
             "filter": {"response_flag_filter": {"flags": [flag]}},
             **({"status_code": status} if status else {}),
+            **({"headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
+                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]} if status == 503 else {}),
             "body_format_override": _openai_error_format(error_type, code, message),
         }
         for flag, status, error_type, code, message in _ENVOY_FAILURES
@@ -119,7 +121,22 @@ def route_config(policy: Policy) -> dict[str, Any]:
     envoy = policy.envoy
     route: dict[str, Any] = {
         "match": {"prefix": "/"},
-        "route": {"cluster_header": envoy.cluster_header, "timeout": _seconds(envoy.route_timeout_s)},
+        "route": {
+            "cluster_header": envoy.cluster_header,
+            "timeout": _seconds(envoy.route_timeout_s),
+            # Retry only where no byte of a generation can have been produced, on another host: the
+            # override_host policy then takes the next endpoint of the destination header.
+            "retry_policy": {
+                "retry_on": "connect-failure,refused-stream,reset-before-request",
+                "num_retries": envoy.retries,
+                "retry_host_predicate": [{
+                    "name": "envoy.retry_host_predicates.previous_hosts",
+                    "typed_config": {"@type": _T + "extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"},
+                }],
+                "host_selection_retry_max_attempts": 5,
+                "retry_back_off": {"base_interval": "0.025s", "max_interval": "0.25s"},
+            },
+        },
     }
     if envoy.expose_upstream_host:
         route["response_headers_to_add"] = [{
@@ -288,10 +305,14 @@ def dump(document: dict[str, Any]) -> str:
     return yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
 
-def write_config(policy: Policy, directory: Path) -> list[Path]:
-    """Write every file; xDS resources first and the bootstrap last, each by atomic rename."""
+def write_config(policy: Policy, directory: Path, mount: Path | None = None) -> list[Path]:
+    """Write every file; xDS resources first and the bootstrap last, each by atomic rename.
+
+    `mount` is the directory as Envoy will see it (e.g. a ConfigMap mount in a container); by default
+    the output directory itself.
+    """
     directory = directory.resolve()
-    files = render_files(policy, directory)
+    files = render_files(policy, mount or directory)
     written: list[Path] = []
     order = sorted(files, key=lambda n: (n == "bootstrap.yaml", n.startswith(("lds", "cds")), n))
     for name in order:

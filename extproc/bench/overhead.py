@@ -1,0 +1,166 @@
+"""`extproc bench overhead`: latency our ext_proc filter adds, measured in one run.
+
+One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the
+rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
+(router only, same backend). The same requests go through both, in alternating rounds so machine
+noise falls on both alike; the difference is what our filter costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
+from extproc.bench.procs import ProcessGroup, cpu_seconds, self_cpu_seconds, wait_http_ok, wait_port
+from extproc.bench.report import format_table, write_json
+from extproc.bench.stack import PYTHON, free_ports
+from extproc.bench.stats import summarize
+from extproc.config import Policy, parse_policy
+from extproc.xds import find_envoy
+from extproc.xds.render import render_static
+
+MODEL = "bench-model"
+_BACKEND_BODY = json.dumps({
+    "id": "cmpl-bench", "object": "chat.completion", "model": MODEL,
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
+})
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--rate", type=float, default=200.0, help="fixed request rate per variant (default 200)")
+    parser.add_argument("--duration", type=float, default=20.0,
+                        help="seconds of fixed-rate load per variant, split in rounds (default 20)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds per variant (default 4)")
+    parser.add_argument("--concurrency", type=int, default=32, help="closed-loop workers for max req/s")
+    parser.add_argument("--max-duration", type=float, default=8.0, help="seconds per max-throughput run")
+    parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
+    parser.add_argument("--json", metavar="FILE", default="reports/overhead.json", help="report path")
+    parser.add_argument("--workdir", metavar="DIR", help="where config and logs go (default: temp)")
+
+
+def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+        "filter_chains": [{"filters": [{
+            "name": "envoy.filters.network.http_connection_manager",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
+                         "HttpConnectionManager",
+                "stat_prefix": name,
+                "route_config": {"virtual_hosts": [{"name": name, "domains": ["*"], "routes": routes}]},
+                "http_filters": filters,
+            },
+        }]}],
+    }
+
+
+def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int) -> dict[str, Any]:
+    bootstrap = render_static(policy)
+    router = [{"name": "envoy.filters.http.router", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+    backend = [{"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": _BACKEND_BODY}},
+                "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
+    bare = [{"match": {"prefix": "/"}, "route": {"cluster": "bench"}}]
+    bootstrap["static_resources"]["listeners"] += [
+        _listener("backend", direct_port, backend, router),
+        _listener("bare", bare_port, bare, router),
+    ]
+    return bootstrap
+
+
+def _spec(_: int) -> RequestSpec:
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 1})
+    return RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body.encode())
+
+
+def _latency(samples: list[Sample]) -> dict[str, Any]:
+    summary = summarize(samples)
+    return {"requests": summary["total"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"]}
+
+
+async def run_overhead(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
+    grpc_port, admin_port, gw_port, envoy_admin, direct_port, bare_port = free_ports(6)
+    policy_doc = {
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
+        "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
+    }
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy_path = workdir / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(policy_doc))
+    policy = parse_policy(policy_path.read_text(), str(policy_path))
+    envoy_config = workdir / "envoy.yaml"
+    envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
+    variants = {"with_extproc": gw_port, "envoy_only": bare_port}
+    report: dict[str, Any] = {"rate": args.rate, "duration_s": args.duration, "rounds": args.rounds,
+                              "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
+    async with ProcessGroup(workdir / "logs") as group:
+        service = await group.start("service", [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
+                                                "--config", str(policy_path)])
+        await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=service)
+        envoy = await group.start("envoy", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
+                                            "--concurrency", str(args.envoy_concurrency), "--disable-hot-restart"])
+        await wait_http_ok(f"http://127.0.0.1:{envoy_admin}/ready", 30, child=envoy)
+        for port in variants.values():
+            await wait_port("127.0.0.1", port, 10, child=envoy)
+        print(f"warming up (2 s per variant); logs in {workdir / 'logs'}", file=sys.stderr)
+        for port in variants.values():
+            await run_open_loop("127.0.0.1", port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
+        samples: dict[str, list[Sample]] = {name: [] for name in variants}
+        round_s = args.duration / args.rounds
+        cpu_before = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+        for index in range(args.rounds):
+            order = list(variants.items()) if index % 2 == 0 else list(reversed(variants.items()))
+            for name, port in order:
+                print(f"round {index + 1}/{args.rounds}: {name} at {args.rate:g} req/s for {round_s:g} s",
+                      file=sys.stderr)
+                samples[name] += await run_open_loop("127.0.0.1", port, _spec, rate=args.rate,
+                                                     duration_s=round_s, arrival="fixed", seed=index)
+        cpu_after = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+        fixed = {name: _latency(s) for name, s in samples.items()}
+        with_ms, without_ms = fixed["with_extproc"]["e2e_ms"], fixed["envoy_only"]["e2e_ms"]
+        added = {q: round(with_ms[q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
+                 if with_ms[q] is not None and without_ms[q] is not None}
+        requests_with = fixed["with_extproc"]["requests"]
+        report["fixed_rate"] = fixed
+        report["added_ms"] = added
+        report["cpu_seconds_during_fixed_rate"] = {
+            "service": round(cpu_after[0] - cpu_before[0], 3), "envoy": round(cpu_after[1] - cpu_before[1], 3),
+            "client": round(cpu_after[2] - cpu_before[2], 3),
+        }
+        report["service_cpu_us_per_request"] = round(
+            (cpu_after[0] - cpu_before[0]) / max(1, requests_with) * 1e6, 1)
+        maximum: dict[str, Any] = {}
+        for name, port in variants.items():
+            print(f"max throughput: {name}, {args.concurrency} workers for {args.max_duration:g} s", file=sys.stderr)
+            before = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+            result = await run_closed_loop("127.0.0.1", port, _spec, concurrency=args.concurrency,
+                                           duration_s=args.max_duration)
+            after = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+            summary = summarize(result)
+            maximum[name] = {
+                "achieved_rps": summary["achieved_rps"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"],
+                "cpu_share": {k: round((a - b) / summary["duration_s"], 3) for k, a, b in
+                              zip(("service", "envoy", "client"), after, before, strict=True)},
+            }
+        report["max_throughput"] = maximum
+    rows = [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
+             "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
+             "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
+    print(format_table(rows, ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "max_rps"]))
+    print(f"added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, p99 {added.get('p99')} ms; "
+          f"service CPU {report['service_cpu_us_per_request']} us/request")
+    path = write_json(args.json, report)
+    print(f"report written to {path}")
+    errors = sum(sum(v["errors"].values()) for v in fixed.values())
+    return 0 if errors == 0 else 1

@@ -1,0 +1,148 @@
+"""Start a whole local stack on 127.0.0.1: simulated vLLM fleet, our service, a real Envoy.
+
+Used by `extproc demo`, the benchmarks and the integration tests, so all three run the same way.
+Every child belongs to the caller's ProcessGroup, which stops them all on exit or error.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extproc.bench.procs import Child, ProcessGroup, wait_file, wait_http_ok, wait_port
+from extproc.config import Policy, parse_policy
+from extproc.xds import find_envoy, write_config
+
+PYTHON = sys.executable
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports the kernel hands out now, held together so the set has no duplicates."""
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+@dataclass(frozen=True)
+class SimPool:
+    """A pool of simulated vLLM replicas serving one model."""
+
+    name: str
+    model: str
+    replicas: int
+    aliases: tuple[str, ...] = ()
+    lora: tuple[str, ...] = ()
+
+
+@dataclass
+class Stack:
+    workdir: Path
+    policy: Policy
+    policy_path: Path
+    envoy_dir: Path
+    sim_ports: dict[str, list[int]]
+    children: dict[str, Child] = field(default_factory=dict)
+
+    @property
+    def envoy_port(self) -> int:
+        return self.policy.envoy.listen_port
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.policy.service.admin_port}"
+
+    @property
+    def envoy_admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.policy.envoy.admin_port}"
+
+
+def build_policy(
+    pools: Sequence[SimPool], sim_ports: Mapping[str, Sequence[int]], service_ports: Sequence[int],
+    envoy: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    grpc_port, admin_port, listen_port, envoy_admin = service_ports
+    return {
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "envoy": {"listen_port": listen_port, "admin_port": envoy_admin, "expose_upstream_host": True,
+                  **(envoy or {})},
+        "pools": [
+            {"name": p.name, "model": p.model, "aliases": list(p.aliases),
+             "endpoints": [f"127.0.0.1:{port}" for port in sim_ports[p.name]]}
+            for p in pools
+        ],
+        **(extra or {}),
+    }
+
+
+async def start_sim(group: ProcessGroup, workdir: Path, pools: Sequence[SimPool],
+                    sim_ports: Mapping[str, Sequence[int]], extra_args: Sequence[str] = ()) -> Child:
+    ready = workdir / "sim-ready.json"
+    ready.unlink(missing_ok=True)
+    argv = [PYTHON, "-m", "extproc", "sim", "--ready-file", str(ready), *extra_args]
+    for pool in pools:
+        argv += ["--pool", f"{pool.model}={','.join(str(p) for p in sim_ports[pool.name])}"]
+        if pool.lora:
+            argv += ["--lora", f"{pool.model}={','.join(pool.lora)}"]
+    child = await group.start("sim", argv)
+    await wait_file(ready, 30, child=child)
+    return child
+
+
+async def start_service(group: ProcessGroup, stack: Stack, name: str = "service") -> Child:
+    child = await group.start(name, [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path)])
+    await wait_http_ok(f"{stack.admin_url}/readyz", 30, child=child)
+    return child
+
+
+async def start_envoy(group: ProcessGroup, stack: Stack, concurrency: int = 1) -> Child:
+    argv = [find_envoy(), "-c", str(stack.envoy_dir / "bootstrap.yaml"), "--log-level", "warn",
+            "--concurrency", str(concurrency), "--disable-hot-restart"]
+    child = await group.start("envoy", argv)
+    await wait_http_ok(f"{stack.envoy_admin_url}/ready", 30, child=child)
+    await wait_port("127.0.0.1", stack.envoy_port, 10, child=child)
+    return child
+
+
+def prepare(
+    workdir: Path, pools: Sequence[SimPool], *, envoy: Mapping[str, Any] | None = None,
+    extra_policy: Mapping[str, Any] | None = None,
+) -> Stack:
+    """Pick ports, write the policy and render Envoy's files (setup-time file I/O, before any child)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(sum(p.replicas for p in pools) + 4)
+    sim_ports: dict[str, list[int]] = {}
+    for pool in pools:
+        sim_ports[pool.name], ports = ports[: pool.replicas], ports[pool.replicas:]
+    document = build_policy(pools, sim_ports, ports, envoy, extra_policy)
+    policy_path = workdir / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(document, sort_keys=False))
+    policy = parse_policy(policy_path.read_text(), str(policy_path))
+    envoy_dir = workdir / "envoy"
+    write_config(policy, envoy_dir)
+    return Stack(workdir, policy, policy_path, envoy_dir.resolve(), sim_ports)
+
+
+async def launch(
+    group: ProcessGroup, workdir: Path, pools: Sequence[SimPool], *,
+    envoy: Mapping[str, Any] | None = None, extra_policy: Mapping[str, Any] | None = None,
+    sim_args: Sequence[str] = (), envoy_concurrency: int = 1,
+) -> Stack:
+    """Fleet first, then the service, then Envoy (whose ext_proc cluster health-checks the service)."""
+    stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy)
+    stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
+    stack.children["service"] = await start_service(group, stack)
+    stack.children["envoy"] = await start_envoy(group, stack, envoy_concurrency)
+    return stack

@@ -1,0 +1,7 @@
+"""`python -m extproc.sim`: the same as `extproc sim`."""
+
+import sys
+
+from extproc.sim.cli import main
+
+sys.exit(main())

@@ -1,0 +1,246 @@
+"""The vLLM OpenAI-server endpoints of one replica: generation, embeddings, tokenizer and render."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from aiohttp import web
+
+from extproc.sim.driver import drive
+from extproc.sim.engine import Engine, GenRequest
+from extproc.sim.faults import Faults
+from extproc.sim.protocol import (
+    DONE,
+    ApiError,
+    Limits,
+    embedding_vector,
+    output_plan,
+    parse_chat_prompt,
+    parse_completion_prompt,
+    parse_embedding_inputs,
+    parse_limits,
+    usage,
+)
+from extproc.sim.responses import StreamFormatter, chat_response, completion_response, models_response
+from extproc.sim.spec import ReplicaSpec
+from extproc.sim.tokens import Tokenizer
+
+__all__ = ["CrashedError", "OpenAIRoutes", "abort_connection", "compact_json", "read_json"]
+
+# Non-streamed responses have nobody watching individual tokens, so decode advances in coarser steps.
+_NON_STREAM_STEP = 8
+
+
+class CrashedError(Exception):
+    """The crash_mid_stream fault cut this response's connection."""
+
+
+def compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json(loads=json.loads)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"Invalid JSON body: {exc}") from exc
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object")
+    return body
+
+
+def abort_connection(request: web.Request) -> CrashedError:
+    """Cut the client's connection without a response; returns the error that unwinds the handler."""
+    transport = request.transport
+    if transport is not None:
+        transport.abort()
+    return CrashedError()
+
+
+class OpenAIRoutes:
+    def __init__(self, spec: ReplicaSpec, engine: Engine, tokenizer: Tokenizer, faults: Faults) -> None:
+        self.spec = spec
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.faults = faults
+        self.created = int(time.time())
+
+    def routes(self) -> list[web.RouteDef]:
+        return [
+            web.post("/v1/chat/completions", self.chat),
+            web.post("/v1/completions", self.completions),
+            web.post("/v1/chat/completions/render", self.chat_render),
+            web.post("/v1/completions/render", self.completions_render),
+            web.post("/v1/embeddings", self.embeddings),
+            web.post("/tokenize", self.tokenize),
+            web.post("/detokenize", self.detokenize),
+            web.get("/v1/models", self.models),
+        ]
+
+    # -- helpers -------------------------------------------------------------------------------------
+
+    def resolve_model(self, body: Mapping[str, Any]) -> tuple[str, str | None]:
+        """(name to echo, LoRA adapter or None); a missing model means the base model, as in vLLM."""
+        model = body.get("model")
+        if model is None or model == self.spec.model:
+            return self.spec.model, None
+        if isinstance(model, str) and model in self.spec.lora_adapters:
+            return model, model
+        raise ApiError(404, f"The model `{model}` does not exist.", "model")
+
+    def _check_fault(self) -> None:
+        status = self.faults.inference_error()
+        if status is not None:
+            raise ApiError(status, f"simulated failure ({status})")
+
+    @staticmethod
+    def _request_id(request: web.Request, prefix: str) -> str:
+        return prefix + (request.headers.get("x-request-id") or uuid.uuid4().hex)
+
+    def _prompt(self, body: Mapping[str, Any], chat: bool) -> tuple[str, list[int]]:
+        if chat:
+            return parse_chat_prompt(body, self.tokenizer)
+        return parse_completion_prompt(body, self.tokenizer)
+
+    # -- generation ------------------------------------------------------------------------------------
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await read_json(request)
+        model, lora = self.resolve_model(body)
+        self._check_fault()
+        _, prompt_ids = self._prompt(body, chat)
+        profile = self.spec.profile
+        limits = parse_limits(body, len(prompt_ids), profile, chat=chat)
+        length, finish_reason, text_seed = output_plan(prompt_ids, limits, profile, self.spec.seed)
+        pieces, output_ids = self.tokenizer.generate(length, text_seed)
+        request_id = self._request_id(request, "chatcmpl-" if chat else "cmpl-")
+        gen = GenRequest(request_id, prompt_ids, output_ids, lora, finish_reason=finish_reason)
+        created = int(time.time())
+        if limits.stream:
+            return await self._stream(request, gen, pieces, limits, model, created, chat=chat)
+        crash_after = self.faults.settings.crash_mid_stream
+        await drive(self.engine, gen, max(self.spec.stream_chunk_tokens, _NON_STREAM_STEP), None)
+        if crash_after is not None:
+            raise abort_connection(request)
+        counts = usage(len(prompt_ids), length, gen.cached_tokens)
+        build = chat_response if chat else completion_response
+        payload = build(request_id, created, model, "".join(pieces), finish_reason, counts)
+        return web.json_response(payload, dumps=compact_json)
+
+    async def _stream(self, request: web.Request, gen: GenRequest, pieces: list[str], limits: Limits,
+                      model: str, created: int, *, chat: bool) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
+                                               "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        formatter = StreamFormatter(gen.request_id, created, model, chat=chat)
+        crash_after = self.faults.settings.crash_mid_stream
+        total = len(pieces)
+        sent = 0
+
+        async def emit(start: int, count: int) -> None:
+            nonlocal sent
+            if crash_after is not None and sent >= crash_after:
+                raise abort_connection(request)
+            end = start + count
+            data = formatter.text("".join(pieces[start:end]), gen.finish_reason if end >= total else None)
+            if start == 0 and chat:
+                data = formatter.role() + data
+            await response.write(data)
+            sent += 1
+
+        await drive(self.engine, gen, self.spec.stream_chunk_tokens, emit)
+        tail = DONE
+        if limits.include_usage:
+            tail = formatter.usage(usage(len(gen.prompt_ids), total, gen.cached_tokens)) + DONE
+        await response.write(tail)
+        await response.write_eof()
+        return response
+
+    async def _render(self, request: web.Request, *, chat: bool) -> web.Response:
+        body = await read_json(request)
+        model, _ = self.resolve_model(body)
+        text, prompt_ids = self._prompt(body, chat)
+        limits = parse_limits(body, len(prompt_ids), self.spec.profile, chat=chat)
+        sampling = {"max_tokens": limits.max_tokens, "min_tokens": limits.min_tokens,
+                    "ignore_eos": limits.ignore_eos, "seed": limits.seed}
+        return web.json_response({
+            "request_id": self._request_id(request, "chatcmpl-" if chat else "cmpl-"),
+            "model": model, "prompt": text, "token_ids": prompt_ids, "num_tokens": len(prompt_ids),
+            "sampling_params": sampling, "stream": limits.stream,
+        }, dumps=compact_json)
+
+    async def chat_render(self, request: web.Request) -> web.Response:
+        return await self._render(request, chat=True)
+
+    async def completions_render(self, request: web.Request) -> web.Response:
+        return await self._render(request, chat=False)
+
+    # -- embeddings ------------------------------------------------------------------------------------
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        model, lora = self.resolve_model(body)
+        self._check_fault()
+        inputs = parse_embedding_inputs(body, self.tokenizer)
+        profile = self.spec.profile
+        if any(len(ids) > profile.max_model_len for ids in inputs):
+            raise ApiError(400, f"This model's maximum context length is {profile.max_model_len} tokens.",
+                           "input")
+        dims = body.get("dimensions", profile.embedding_dim)
+        if not isinstance(dims, int) or isinstance(dims, bool) or not 1 <= dims <= profile.embedding_dim:
+            raise ApiError(400, f"dimensions must be an integer in [1, {profile.embedding_dim}]",
+                           "dimensions")
+        encoding = body.get("encoding_format", "float")
+        if encoding not in ("float", "base64"):
+            raise ApiError(400, "encoding_format must be 'float' or 'base64'", "encoding_format")
+        request_id = self._request_id(request, "embd-")
+        gens = [GenRequest(f"{request_id}-{i}", ids, [], lora) for i, ids in enumerate(inputs)]
+        await asyncio.gather(*(drive(self.engine, g, 1, None) for g in gens))
+        data = [{"object": "embedding", "index": i, "embedding": embedding_vector(ids, dims, encoding)}
+                for i, ids in enumerate(inputs)]
+        prompt_tokens = sum(len(ids) for ids in inputs)
+        return web.json_response({
+            "id": request_id, "object": "list", "created": int(time.time()), "model": model, "data": data,
+            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None},
+        }, dumps=compact_json)
+
+    # -- tokenizer and models --------------------------------------------------------------------------
+
+    async def tokenize(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        self.resolve_model(body)
+        if "messages" in body:
+            _, ids = parse_chat_prompt(body, self.tokenizer)
+        elif isinstance(body.get("prompt"), str):
+            ids = self.tokenizer.encode(body["prompt"])
+        else:
+            raise ApiError(400, "tokenize needs a string prompt or messages", "prompt")
+        strs = [self.tokenizer.decode([t]) for t in ids] if body.get("return_token_strs") is True else None
+        return web.json_response({"count": len(ids), "max_model_len": self.spec.profile.max_model_len,
+                                  "tokens": ids, "token_strs": strs}, dumps=compact_json)
+
+    async def detokenize(self, request: web.Request) -> web.Response:
+        body = await read_json(request)
+        self.resolve_model(body)
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in tokens):
+            raise ApiError(400, "tokens must be a list of integers", "tokens")
+        return web.json_response({"prompt": self.tokenizer.decode(tokens)}, dumps=compact_json)
+
+    async def models(self, request: web.Request) -> web.Response:
+        payload = models_response(self.spec.model, self.spec.lora_adapters, self.created,
+                                  self.spec.profile.max_model_len)
+        return web.json_response(payload, dumps=compact_json)

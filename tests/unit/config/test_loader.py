@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from extproc.config import ConfigError, load_policy, parse_policy
+
+GOOD = """\
+pools:
+  - name: chat
+    model: m/chat
+    aliases: [gpt-4o-mini]
+    endpoints: ["127.0.0.1:8001", "127.0.0.1:8002"]
+"""
+
+
+def test_good_policy_parses_with_defaults() -> None:
+    policy = parse_policy(GOOD)
+    assert policy.pools[0].endpoints == ("127.0.0.1:8001", "127.0.0.1:8002")
+    assert policy.pools[0].fallbacks == 2
+    assert policy.envoy.failure_mode_allow is False
+    assert policy.bounds.max_json_depth == 32
+
+
+def test_errors_carry_file_and_line_of_the_offending_key() -> None:
+    text = GOOD + "  - name: Bad_Name\n    model: other\n    endpoints: [\"not-an-ip:80\"]\n    typo: 1\n"
+    with pytest.raises(ConfigError) as info:
+        parse_policy(text, "p.yaml")
+    rendered = [str(p) for p in info.value.problems]
+    assert any(r.startswith("p.yaml:6:") and "pool name" in r for r in rendered)
+    assert any(r.startswith("p.yaml:8:") and "not an IP address" in r for r in rendered)
+    assert any(r.startswith("p.yaml:9:") and "Extra inputs" in r for r in rendered)
+
+
+def test_model_claimed_by_two_pools_is_rejected() -> None:
+    text = GOOD + "  - name: other\n    model: gpt-4o-mini\n    endpoints: [\"127.0.0.1:9000\"]\n"
+    with pytest.raises(ConfigError, match="claimed by pools"):
+        parse_policy(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pools: [\n", "YAML syntax"),
+        ("", "empty"),
+        ("- a\n- b\n", "mapping at the top level"),
+        ("pools: []\n", "at least 1"),
+        ("pools:\n  - name: a\n    name: b\n", "duplicate key 'name'"),
+    ],
+)
+def test_malformed_files_are_rejected_with_a_reason(text: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_policy(text)
+
+
+def test_duplicate_endpoint_and_port_range(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text("pools:\n  - name: a\n    model: m\n    endpoints: ['127.0.0.1:1', '127.0.0.1:1']\n")
+    with pytest.raises(ConfigError, match="duplicate endpoint"):
+        load_policy(path)
+    path.write_text("pools:\n  - name: a\n    model: m\n    endpoints: ['127.0.0.1:70000']\n")
+    with pytest.raises(ConfigError, match="port out of range"):
+        load_policy(path)
+
+
+def test_unreadable_file_reports_path(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_policy(tmp_path / "missing.yaml")
+    bad = tmp_path / "latin.yaml"
+    bad.write_bytes(b"pools: \xff\n")
+    with pytest.raises(ConfigError, match="UTF-8"):
+        load_policy(bad)
+
+
+def test_shipped_example_policies_validate() -> None:
+    for path in sorted(Path(__file__).parents[3].joinpath("policies").glob("*.yaml")):
+        load_policy(path)

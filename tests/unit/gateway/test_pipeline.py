@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import json
+
+from prometheus_client import CollectorRegistry
+
+from extproc.config import parse_policy
+from extproc.endpoints import EndpointRegistry
+from extproc.gateway import Gateway, RequestHead, Respond, Route, SnapshotHolder
+from extproc.telemetry import GatewayMetrics
+
+POLICY = """\
+bounds: {max_body_bytes: 2048, max_json_depth: 8}
+pools:
+  - name: chat
+    model: org/chat-8b
+    aliases: [chat]
+    endpoints: ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
+    fallbacks: 1
+  - name: embed
+    model: embedder
+    endpoints: ["10.0.1.1:8000"]
+"""
+
+
+def make_gateway() -> tuple[Gateway, EndpointRegistry, GatewayMetrics]:
+    registry = EndpointRegistry()
+    metrics = GatewayMetrics(CollectorRegistry())
+    now = [0.0]
+    gateway = Gateway(SnapshotHolder(parse_policy(POLICY)), registry, metrics, clock=lambda: now[0])
+    return gateway, registry, metrics
+
+
+def head(path: str = "/v1/chat/completions", method: str = "POST", **headers: str) -> RequestHead:
+    return RequestHead(method, path, {k.replace("_", "-"): v for k, v in headers.items()})
+
+
+def chat(model: str = "chat", **extra: object) -> bytes:
+    return json.dumps({"model": model, "messages": [{"role": "user", "content": "hi"}], **extra}).encode()
+
+
+def test_alias_routes_to_pool_and_rewrites_model() -> None:
+    gateway, _, _ = make_gateway()
+    exchange, early = gateway.request_headers(head())
+    assert early is None
+    decision = gateway.request_body(exchange, chat())
+    assert isinstance(decision, Route)
+    headers = dict(decision.set_headers)
+    assert headers["x-gateway-pool"] == "chat"
+    assert headers["x-gateway-destination-endpoint"].count(",") == 1  # primary + 1 fallback
+    assert decision.body is not None
+    assert json.loads(decision.body)["model"] == "org/chat-8b"
+    assert headers["content-length"] == str(len(decision.body))
+
+
+def test_served_name_is_not_rewritten() -> None:
+    gateway, _, _ = make_gateway()
+    exchange, _ = gateway.request_headers(head(path="/v1/embeddings"))
+    decision = gateway.request_body(exchange, json.dumps({"model": "embedder", "input": "x"}).encode())
+    assert isinstance(decision, Route)
+    assert decision.body is None
+    assert "content-length" not in dict(decision.set_headers)
+
+
+def test_least_in_flight_spreads_and_finish_releases() -> None:
+    gateway, registry, metrics = make_gateway()
+    exchanges = []
+    primaries = []
+    for _ in range(6):
+        exchange, _ = gateway.request_headers(head())
+        decision = gateway.request_body(exchange, chat())
+        assert isinstance(decision, Route)
+        primaries.append(decision.endpoints[0])
+        exchanges.append(exchange)
+    assert sorted(primaries.count(a) for a in set(primaries)) == [2, 2, 2]
+    assert registry.total_in_flight() == 6
+    for exchange in exchanges:
+        gateway.finish(exchange)
+        gateway.finish(exchange)  # idempotent
+    assert registry.total_in_flight() == 0
+    assert metrics.in_flight._value.get() == 0
+
+
+def test_busy_endpoint_is_avoided() -> None:
+    gateway, registry, _ = make_gateway()
+    pool = registry.pool("chat")
+    assert pool is not None
+    pool.endpoints[0].in_flight = 5
+    pool.endpoints[1].in_flight = 5
+    exchange, _ = gateway.request_headers(head())
+    decision = gateway.request_body(exchange, chat())
+    assert isinstance(decision, Route)
+    assert decision.endpoints[0] == "10.0.0.3:8000"
+
+
+def error_of(decision: object) -> tuple[int, str]:
+    assert isinstance(decision, Respond)
+    return decision.status, json.loads(decision.body)["error"]["code"]
+
+
+def test_errors_from_body() -> None:
+    gateway, registry, _ = make_gateway()
+    cases = [
+        (chat(model="nope"), (404, "model_not_found")),
+        (b"{not json", (400, "invalid_json")),
+        (json.dumps({"messages": []}).encode(), (400, "missing_model")),
+        (chat(pad="x" * 4000), (413, "request_too_large")),
+    ]
+    for body, expected in cases:
+        exchange, _ = gateway.request_headers(head())
+        assert error_of(gateway.request_body(exchange, body)) == expected
+        gateway.finish(exchange)
+    assert registry.total_in_flight() == 0
+
+
+def test_errors_from_headers() -> None:
+    gateway, _, _ = make_gateway()
+    assert error_of(gateway.request_headers(head(path="/v2/other"))[1]) == (404, "unknown_url")
+    assert error_of(gateway.request_headers(head(method="GET"))[1]) == (405, "method_not_allowed")
+    no_body = RequestHead("POST", "/v1/completions", {}, end_of_stream=True)
+    assert error_of(gateway.request_headers(no_body)[1]) == (400, "invalid_json")
+    assert error_of(gateway.request_headers(head(content_length="99999"))[1]) == (413, "request_too_large")
+
+
+def test_models_listing_answered_locally() -> None:
+    gateway, _, _ = make_gateway()
+    _, reply = gateway.request_headers(head(path="/v1/models", method="GET"))
+    assert isinstance(reply, Respond) and reply.status == 200
+    ids = {m["id"] for m in json.loads(reply.body)["data"]}
+    assert ids == {"org/chat-8b", "chat", "embedder"}
+
+
+def test_empty_pool_gives_503_with_retry_after() -> None:
+    gateway, registry, _ = make_gateway()
+    registry.sync([("chat", []), ("embed", ["10.0.1.1:8000"])])
+    exchange, _ = gateway.request_headers(head())
+    decision = gateway.request_body(exchange, chat())
+    assert error_of(decision) == (503, "no_capacity")
+    assert isinstance(decision, Respond)
+    assert ("retry-after", "1") in decision.headers

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from extproc.openai import Api, ApiError, api_for_path, estimate_tokens, parse_request, rewrite_model
+
+
+def parse(api: Api, body: bytes | dict[str, object], max_bytes: int = 1 << 20, max_depth: int = 8):  # type: ignore[no-untyped-def]
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return parse_request(api, raw, max_bytes=max_bytes, max_depth=max_depth)
+
+
+def test_paths_map_to_apis() -> None:
+    assert api_for_path("/v1/chat/completions") is Api.CHAT
+    assert api_for_path("/v1/completions?x=1") is Api.COMPLETIONS
+    assert api_for_path("/v1/embeddings/") is Api.EMBEDDINGS
+    assert api_for_path("/v1/models") is None
+
+
+def test_chat_fields() -> None:
+    request = parse(Api.CHAT, {
+        "model": "m", "stream": True, "max_completion_tokens": 64, "stream_options": {"include_usage": True},
+        "user": "u1",
+        "messages": [{"role": "system", "content": "sys"},
+                     {"role": "user", "content": [{"type": "text", "text": "hello"}, {"type": "image_url"}]}],
+    })
+    assert (request.model, request.stream, request.max_output_tokens, request.include_usage, request.user) == (
+        "m", True, 64, True, "u1")
+    assert "sys" in request.prompt_text and "hello" in request.prompt_text
+
+
+def test_completions_and_embeddings_prompts() -> None:
+    assert parse(Api.COMPLETIONS, {"model": "m", "prompt": ["a", "b"], "max_tokens": 5}).prompt_text == "a\nb"
+    assert parse(Api.EMBEDDINGS, {"model": "m", "input": "text"}).max_output_tokens is None
+    assert parse(Api.COMPLETIONS, {"model": "m", "prompt": [1, 2, 3]}).prompt_text == "1 2 3"
+
+
+@pytest.mark.parametrize(
+    ("body", "code"),
+    [
+        (b"{", "invalid_json"),
+        (b"", "invalid_json"),
+        (b"[1]", "invalid_json"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "\xff"}]}', "invalid_json"),
+        ({"messages": []}, "missing_model"),
+        ({"model": 3, "messages": []}, "missing_model"),
+        ({"model": "m", "messages": []}, "invalid_value"),
+        ({"model": "m", "messages": ["x"]}, "invalid_value"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "invalid_value"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, "invalid_value"),
+        ({"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "invalid_value"),
+    ],
+)
+def test_bad_bodies_are_400_with_code(body: bytes | dict[str, object], code: str) -> None:
+    with pytest.raises(ApiError) as info:
+        parse(Api.CHAT, body)
+    assert info.value.status == 400
+    assert info.value.code == code
+    error = json.loads(info.value.body())["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+
+
+def test_depth_and_size_bounds() -> None:
+    nested: dict[str, object] = {"model": "m", "prompt": "x"}
+    leaf: dict[str, object] = nested
+    for _ in range(10):
+        child: dict[str, object] = {}
+        leaf["x"] = child
+        leaf = child
+    with pytest.raises(ApiError, match="nesting"):
+        parse(Api.COMPLETIONS, nested, max_depth=8)
+    with pytest.raises(ApiError) as info:
+        parse(Api.COMPLETIONS, {"model": "m", "prompt": "x" * 2000}, max_bytes=1000)
+    assert info.value.status == 413
+
+
+def test_pathological_nesting_does_not_crash() -> None:
+    with pytest.raises(ApiError, match=r"nesting|JSON"):
+        parse(Api.COMPLETIONS, b"[" * 200_000 + b"]" * 200_000)
+
+
+def test_stream_not_allowed_for_embeddings() -> None:
+    with pytest.raises(ApiError):
+        parse(Api.EMBEDDINGS, {"model": "m", "input": "x", "stream": True})
+
+
+def test_rewrite_model_keeps_other_fields() -> None:
+    out = json.loads(rewrite_model({"model": "alias", "prompt": "héllo", "n": 2}, "served"))
+    assert out == {"model": "served", "prompt": "héllo", "n": 2}
+
+
+def test_estimate_tokens() -> None:
+    assert estimate_tokens("") == 0
+    assert estimate_tokens("abcd" * 100) == 100

@@ -1,0 +1,74 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from extproc.config import parse_policy
+from extproc.xds import render_files, render_static, write_config
+
+POLICY = parse_policy("""\
+envoy: {cluster_header: x-pool, endpoint_header: x-dest, message_timeout_ms: 250, expose_upstream_host: true}
+bounds: {max_body_bytes: 100000}
+pools:
+  - name: chat
+    model: org/chat
+    endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"]
+  - name: embed
+    model: e
+    endpoints: ["[::1]:9000"]
+""")
+
+
+def test_one_cluster_and_eds_file_per_pool() -> None:
+    files = render_files(POLICY, Path("/cfg"))
+    clusters = {c["name"]: c for c in files["cds.yaml"]["resources"]}
+    assert set(clusters) == {"extproc", "chat", "embed"}
+    assert clusters["chat"]["type"] == "EDS"
+    assert clusters["chat"]["eds_cluster_config"]["eds_config"]["path_config_source"]["path"] == "/cfg/eds-chat.yaml"
+    chat_eds = files["eds-chat.yaml"]["resources"][0]
+    addresses = [e["endpoint"]["address"]["socket_address"] for e in chat_eds["endpoints"][0]["lb_endpoints"]]
+    assert addresses == [{"address": "10.0.0.1", "port_value": 8000}, {"address": "10.0.0.2", "port_value": 8000}]
+    embed_eds = files["eds-embed.yaml"]["resources"][0]
+    assert embed_eds["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["address"] == "::1"
+    policy = clusters["chat"]["load_balancing_policy"]["policies"][0]["typed_extension_config"]
+    assert policy["name"] == "envoy.load_balancing_policies.override_host"
+    assert policy["typed_config"]["override_host_sources"] == [{"header": "x-dest"}]
+    assert clusters["chat"]["outlier_detection"]["consecutive_5xx"] == 3
+
+
+def test_filter_chain_order_and_processing_mode() -> None:
+    files = render_files(POLICY, Path("/cfg"))
+    listener = files["lds.yaml"]["resources"][0]
+    assert listener["per_connection_buffer_limit_bytes"] > 100000
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    names = [f["name"] for f in hcm["http_filters"]]
+    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    removed = [m["remove"] for m in hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]]
+    assert removed == ["x-pool", "x-dest"]
+    ext_proc = hcm["http_filters"][1]["typed_config"]
+    assert ext_proc["processing_mode"]["request_header_mode"] == "SEND"
+    assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert ext_proc["message_timeout"] == "0.25s"
+    assert ext_proc["failure_mode_allow"] is False
+    route = files["rds.yaml"]["resources"][0]["virtual_hosts"][0]["routes"][0]
+    assert route["route"]["cluster_header"] == "x-pool"
+    assert route["response_headers_to_add"][0]["header"]["key"] == "x-gateway-upstream-host"
+
+
+def test_static_copy_matches_dynamic_pools() -> None:
+    static = render_static(POLICY)
+    clusters = {c["name"]: c for c in static["static_resources"]["clusters"]}
+    assert set(clusters) == {"extproc", "chat", "embed"}
+    assert clusters["chat"]["type"] == "STATIC"
+    assert "route_config" in static["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0][
+        "typed_config"]
+
+
+def test_write_config_is_complete_and_leaves_no_temp_files(tmp_path: Path) -> None:
+    written = write_config(POLICY, tmp_path)
+    names = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
+    assert names == ["bootstrap.yaml", "cds.yaml", "eds-chat.yaml", "eds-embed.yaml", "lds.yaml", "rds.yaml"]
+    assert written[-1] == tmp_path / "static" / "envoy.yaml"
+    assert yaml.safe_load((tmp_path / "bootstrap.yaml").read_text())["dynamic_resources"]["lds_config"][
+        "path_config_source"]["watched_directory"]["path"] == str(tmp_path.resolve())
