@@ -54,6 +54,8 @@ class Stack:
     policy_path: Path
     envoy_dir: Path
     sim_ports: dict[str, list[int]]
+    # (grpc, admin) port of every service replica; the first one is the policy's `service` ports.
+    service_ports: list[tuple[int, int]] = field(default_factory=list)
     children: dict[str, Child] = field(default_factory=dict)
 
     @property
@@ -63,6 +65,10 @@ class Stack:
     @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.policy.service.admin_port}"
+
+    @property
+    def admin_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{admin}" for _, admin in self.service_ports]
 
     @property
     def envoy_admin_url(self) -> str:
@@ -101,9 +107,12 @@ async def start_sim(group: ProcessGroup, workdir: Path, pools: Sequence[SimPool]
     return child
 
 
-async def start_service(group: ProcessGroup, stack: Stack, name: str = "service") -> Child:
-    child = await group.start(name, [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path)])
-    await wait_http_ok(f"{stack.admin_url}/readyz", 30, child=child)
+async def start_service(group: ProcessGroup, stack: Stack, index: int = 0) -> Child:
+    grpc_port, admin_port = stack.service_ports[index]
+    name = "service" if index == 0 else f"service-{index}"
+    child = await group.start(name, [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path),
+                                     "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)])
+    await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=child)
     return child
 
 
@@ -118,31 +127,39 @@ async def start_envoy(group: ProcessGroup, stack: Stack, concurrency: int = 1) -
 
 def prepare(
     workdir: Path, pools: Sequence[SimPool], *, envoy: Mapping[str, Any] | None = None,
-    extra_policy: Mapping[str, Any] | None = None,
+    extra_policy: Mapping[str, Any] | None = None, service_replicas: int = 1,
 ) -> Stack:
     """Pick ports, write the policy and render Envoy's files (setup-time file I/O, before any child)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(sum(p.replicas for p in pools) + 4)
+    ports = free_ports(sum(p.replicas for p in pools) + 4 + 2 * (service_replicas - 1))
     sim_ports: dict[str, list[int]] = {}
     for pool in pools:
         sim_ports[pool.name], ports = ports[: pool.replicas], ports[pool.replicas:]
-    document = build_policy(pools, sim_ports, ports, envoy, extra_policy)
+    service_ports = [(ports[0], ports[1])]
+    extra_ports = ports[4:]
+    service_ports += [(extra_ports[2 * i], extra_ports[2 * i + 1]) for i in range(service_replicas - 1)]
+    envoy_settings = dict(envoy or {})
+    if service_replicas > 1:
+        envoy_settings["extproc_endpoints"] = [f"127.0.0.1:{grpc}" for grpc, _ in service_ports]
+    document = build_policy(pools, sim_ports, ports[:4], envoy_settings, extra_policy)
     policy_path = workdir / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(document, sort_keys=False))
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_dir = workdir / "envoy"
     write_config(policy, envoy_dir)
-    return Stack(workdir, policy, policy_path, envoy_dir.resolve(), sim_ports)
+    return Stack(workdir, policy, policy_path, envoy_dir.resolve(), sim_ports, service_ports)
 
 
 async def launch(
     group: ProcessGroup, workdir: Path, pools: Sequence[SimPool], *,
     envoy: Mapping[str, Any] | None = None, extra_policy: Mapping[str, Any] | None = None,
-    sim_args: Sequence[str] = (), envoy_concurrency: int = 1,
+    sim_args: Sequence[str] = (), envoy_concurrency: int = 1, service_replicas: int = 1,
 ) -> Stack:
-    """Fleet first, then the service, then Envoy (whose ext_proc cluster health-checks the service)."""
-    stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy)
+    """Fleet first, then the service replicas, then Envoy (whose ext_proc cluster health-checks them)."""
+    stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy, service_replicas=service_replicas)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
-    stack.children["service"] = await start_service(group, stack)
+    for index in range(service_replicas):
+        child = await start_service(group, stack, index)
+        stack.children[child.name] = child
     stack.children["envoy"] = await start_envoy(group, stack, envoy_concurrency)
     return stack

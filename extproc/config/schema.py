@@ -60,6 +60,8 @@ class EnvoyConfig(_Strict):
     listen_host: str = "127.0.0.1"
     listen_port: Port = 8080
     admin_port: Port = 9901
+    # ext_proc service replicas Envoy balances streams over; empty = the one in `service`.
+    extproc_endpoints: tuple[str, ...] = ()
     cluster_header: str = "x-gateway-pool"
     endpoint_header: str = "x-gateway-destination-endpoint"
     # ext_proc: how long Envoy waits for each of our replies before applying failure_mode_allow.
@@ -80,6 +82,13 @@ class EnvoyConfig(_Strict):
     max_connections: int = Field(default=10_000, ge=1)
     max_pending_requests: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=10_000, ge=1)
+
+    @field_validator("extproc_endpoints")
+    @classmethod
+    def _valid_extproc_endpoints(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for item in value:
+            parse_endpoint(item)
+        return value
 
     @field_validator("cluster_header", "endpoint_header")
     @classmethod

@@ -91,8 +91,12 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     return service
 
 
-async def run(policy_path: Path, grace_s: float = 10.0) -> int:
+async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = None,
+              admin_port: int | None = None) -> int:
     policy = load_policy(policy_path)
+    overrides = {k: v for k, v in (("grpc_port", grpc_port), ("admin_port", admin_port)) if v is not None}
+    if overrides:
+        policy = policy.model_copy(update={"service": policy.service.model_copy(update=overrides)})
     service = build_service(policy, policy_path)
     await service.start()
     stop = asyncio.Event()

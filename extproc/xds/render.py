@@ -229,6 +229,7 @@ def _pool_cluster(pool: PoolConfig, envoy: EnvoyConfig, eds: dict[str, Any] | No
 
 def extproc_cluster(policy: Policy) -> dict[str, Any]:
     service = policy.service
+    addresses = [parse_endpoint(a) for a in policy.envoy.extproc_endpoints] or [(service.grpc_host, service.grpc_port)]
     return {
         "@type": _T + "config.cluster.v3.Cluster",
         "name": EXTPROC_CLUSTER,
@@ -239,7 +240,7 @@ def extproc_cluster(policy: Policy) -> dict[str, Any]:
             "explicit_http_config": {"http2_protocol_options": {}},
         }},
         "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [
-            {"endpoint": {"address": _address(service.grpc_host, service.grpc_port)}}]}]},
+            {"endpoint": {"address": _address(host, port)}} for host, port in addresses]}]},
         "health_checks": [{
             "timeout": "0.5s", "interval": "2s", "unhealthy_threshold": 2, "healthy_threshold": 1,
             "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
