@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -98,6 +98,61 @@ class EnvoyConfig(_Strict):
         return value
 
 
+class PluginConfig(_Strict):
+    """One configured scheduling plugin instance: `type` names a registered plugin factory."""
+
+    name: str
+    type: str
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class PluginRef(_Strict):
+    pluginRef: str  # noqa: N815 - the YAML key, as in the Gateway API Inference Extension
+    weight: float = Field(default=1.0, ge=0.0)
+
+
+class ProfileConfig(_Strict):
+    """Filters run in order, scorers are summed with their weights, one picker decides."""
+
+    name: str
+    plugins: tuple[PluginRef, ...] = Field(min_length=1)
+
+
+class ScrapeConfig(_Strict):
+    """Polling of each vLLM endpoint's /metrics."""
+
+    enabled: bool = True
+    interval_ms: int = Field(default=100, ge=10, le=60_000)
+    timeout_ms: int = Field(default=500, ge=10, le=60_000)
+    # Older metrics are ignored by scorers (they fall back to this process's own in-flight counts).
+    stale_after_ms: int = Field(default=1000, ge=50)
+
+
+class SchedulingConfig(_Strict):
+    plugins: tuple[PluginConfig, ...] = ()
+    profiles: tuple[ProfileConfig, ...] = ()
+    scrape: ScrapeConfig = ScrapeConfig()
+
+    @model_validator(mode="after")
+    def _references(self) -> SchedulingConfig:
+        names = [p.name for p in self.plugins]
+        duplicates = {n for n in names if names.count(n) > 1}
+        if duplicates:
+            raise ValueError(f"duplicate plugin name(s): {sorted(duplicates)}")
+        profiles = [p.name for p in self.profiles]
+        if len(set(profiles)) != len(profiles):
+            raise ValueError("duplicate profile name")
+        for profile in self.profiles:
+            for ref in profile.plugins:
+                if ref.pluginRef not in names:
+                    raise ValueError(f"profile {profile.name!r} references unknown plugin {ref.pluginRef!r}")
+        return self
+
+
+# Profiles every service knows without configuration (see extproc/scheduling/profiles.py).
+BUILTIN_PROFILES = ("default", "load-only", "least-inflight", "random")
+
+
 class PoolConfig(_Strict):
     """A set of vLLM endpoints serving one model; becomes one Envoy cluster of the same name."""
 
@@ -106,6 +161,8 @@ class PoolConfig(_Strict):
     aliases: tuple[str, ...] = ()
     endpoints: tuple[str, ...] = Field(min_length=1)
     fallbacks: int = Field(default=2, ge=0, le=16, description="extra endpoints listed after the pick")
+    profile: str = Field(default="default", description="scheduling profile that picks endpoints in this pool")
+    lora_adapters: tuple[str, ...] = Field(default=(), description="LoRA adapter names served by this pool")
 
     @field_validator("name")
     @classmethod
@@ -130,6 +187,7 @@ class Policy(_Strict):
     service: ServiceConfig = ServiceConfig()
     bounds: BoundsConfig = BoundsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
+    scheduling: SchedulingConfig = SchedulingConfig()
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -140,9 +198,14 @@ class Policy(_Strict):
             if pool.name in seen_pools:
                 raise ValueError(f"duplicate pool name {pool.name!r}")
             seen_pools.add(pool.name)
-            for name in (pool.model, *pool.aliases):
+            for name in (pool.model, *pool.aliases, *pool.lora_adapters):
                 other = seen_models.get(name)
                 if other is not None and other != pool.name:
                     raise ValueError(f"model name {name!r} is claimed by pools {other!r} and {pool.name!r}")
                 seen_models[name] = pool.name
+        known = set(BUILTIN_PROFILES) | {p.name for p in self.scheduling.profiles}
+        for pool in self.pools:
+            if pool.profile not in known:
+                raise ValueError(f"pool {pool.name!r}: unknown scheduling profile {pool.profile!r} "
+                                 f"(known: {sorted(known)})")
         return self

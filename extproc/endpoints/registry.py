@@ -1,7 +1,7 @@
-"""Live per-endpoint state of every pool: what this process has in flight on each endpoint.
+"""Live per-endpoint state of every pool: this process's in-flight work and the last vLLM scrape.
 
-Config says which endpoints exist; this registry keeps the counters that outlive a config reload
-(an endpoint kept across a reload keeps its in-flight count, so leases still balance).
+Config says which endpoints exist; this registry keeps the state that outlives a config reload (an
+endpoint kept across a reload keeps its counters and metrics, so leases still balance).
 """
 
 from __future__ import annotations
@@ -10,11 +10,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
+@dataclass(frozen=True, slots=True)
+class EndpointMetrics:
+    """One scrape of a vLLM server's /metrics (names as vLLM exports them)."""
+
+    scraped_at: float  # monotonic clock of the scraping process
+    running: float = 0.0  # vllm:num_requests_running
+    waiting: float = 0.0  # vllm:num_requests_waiting
+    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
+    running_loras: frozenset[str] = frozenset()  # vllm:lora_requests_info{running_lora_adapters}
+    waiting_loras: frozenset[str] = frozenset()  # vllm:lora_requests_info{waiting_lora_adapters}
+    max_lora: int = 0  # vllm:lora_requests_info{max_lora}
+    prefix_queries: float = 0.0  # vllm:prefix_cache_queries_total (tokens)
+    prefix_hits: float = 0.0  # vllm:prefix_cache_hits_total (tokens)
+    block_size: int = 16  # vllm:cache_config_info{block_size}
+    num_gpu_blocks: int = 0  # vllm:cache_config_info{num_gpu_blocks}
+
+
 @dataclass(slots=True, eq=False)
 class Endpoint:
     address: str
     in_flight: int = 0
+    in_flight_tokens: int = 0  # estimated prompt + expected output tokens of this process's requests
     picked_total: int = 0
+    metrics: EndpointMetrics | None = None  # None until the first successful scrape
+    scrape_failures: int = 0  # consecutive failed scrapes
+    latency_ewma_s: float | None = None  # time from routing to response headers
 
 
 @dataclass(slots=True)
@@ -26,12 +47,14 @@ class PoolState:
 class Lease:
     """One request's claim on an endpoint; releasing it twice is harmless."""
 
-    __slots__ = ("_released", "endpoint")
+    __slots__ = ("_released", "endpoint", "tokens")
 
-    def __init__(self, endpoint: Endpoint) -> None:
+    def __init__(self, endpoint: Endpoint, tokens: int = 0) -> None:
         self.endpoint = endpoint
+        self.tokens = tokens
         self._released = False
         endpoint.in_flight += 1
+        endpoint.in_flight_tokens += tokens
         endpoint.picked_total += 1
 
     @property
@@ -42,6 +65,7 @@ class Lease:
         if not self._released:
             self._released = True
             self.endpoint.in_flight -= 1
+            self.endpoint.in_flight_tokens -= self.tokens
 
 
 class EndpointRegistry:
@@ -53,7 +77,7 @@ class EndpointRegistry:
         known = {ep.address: ep for state in self._pools.values() for ep in state.endpoints}
         fresh: dict[str, PoolState] = {}
         for name, addresses in pools:
-            fresh[name] = PoolState(name, [known.get(a) or Endpoint(a) for a in addresses])
+            fresh[name] = PoolState(name, [known.setdefault(a, Endpoint(a)) for a in addresses])
         self._pools = fresh
 
     def pool(self, name: str) -> PoolState | None:
@@ -62,5 +86,13 @@ class EndpointRegistry:
     def pools(self) -> list[PoolState]:
         return list(self._pools.values())
 
+    def endpoints(self) -> list[Endpoint]:
+        """Every distinct endpoint (an address in two pools is one endpoint)."""
+        unique: dict[str, Endpoint] = {}
+        for state in self._pools.values():
+            for endpoint in state.endpoints:
+                unique.setdefault(endpoint.address, endpoint)
+        return list(unique.values())
+
     def total_in_flight(self) -> int:
-        return sum(ep.in_flight for state in self._pools.values() for ep in state.endpoints)
+        return sum(ep.in_flight for ep in self.endpoints())
