@@ -111,9 +111,18 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
     if not isinstance(data, dict):
         raise ConfigError([ConfigProblem(file, 1, "", "policy file must be a mapping at the top level")])
     try:
-        return Policy.model_validate(data)
+        policy = Policy.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(list(_problems(exc, file, lines))) from None
+    # Plugins are built once here so a bad type or parameter is reported at load, with its line.
+    from extproc.scheduling import PluginError, validate_scheduling
+
+    try:
+        validate_scheduling(policy.scheduling)
+    except PluginError as exc:
+        line = _line_for(("scheduling", "plugins"), lines)
+        raise ConfigError([ConfigProblem(file, line, "scheduling", str(exc))]) from None
+    return policy
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -107,7 +107,7 @@ class PluginConfig(_Strict):
 
 
 class PluginRef(_Strict):
-    pluginRef: str  # noqa: N815 - the YAML key, as in the Gateway API Inference Extension
+    pluginRef: str
     weight: float = Field(default=1.0, ge=0.0)
 
 

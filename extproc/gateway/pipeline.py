@@ -13,12 +13,23 @@ from dataclasses import dataclass, field
 from extproc.endpoints import EndpointRegistry, Lease
 from extproc.gateway.snapshot import Snapshot, SnapshotHolder
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
-from extproc.openai import Api, ApiError, InferenceRequest, api_for_path, parse_request, rewrite_model
+from extproc.openai import (
+    Api,
+    ApiError,
+    InferenceRequest,
+    api_for_path,
+    estimate_tokens,
+    parse_request,
+    rewrite_model,
+)
 from extproc.openai import errors as oai
-from extproc.scheduling import LeastInFlightPicker
+from extproc.scheduling import Scheduler, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
 
 _JSON = (("content-type", "application/json"),)
+# Expected completion length when the request sets no max_tokens (for in-flight token accounting).
+_DEFAULT_OUTPUT_TOKENS = 256
+_LATENCY_EWMA_ALPHA = 0.2
 
 
 @dataclass(slots=True, eq=False)
@@ -55,12 +66,39 @@ class Gateway:
         self._registry = registry
         self._metrics = metrics
         self._clock = clock
-        self._picker = LeastInFlightPicker()
+        self._scheduler_version = snapshots.current.version
+        self._scheduler = Scheduler(snapshots.current.policy.scheduling)
+        self._plugin_timers = {
+            name: metrics.plugin_seconds.labels(name).observe
+            for profile in self._scheduler.profiles.values()
+            for name in (*(f.name for f in profile.filters), *(w.scorer.name for w in profile.scorers),
+                         profile.picker.name)
+        }
         self.sync_endpoints()
 
     def sync_endpoints(self) -> None:
         pools = self._snapshots.current.policy.pools
         self._registry.sync((pool.name, pool.endpoints) for pool in pools)
+
+    def _time_plugin(self, name: str, seconds: float) -> None:
+        observe = self._plugin_timers.get(name)
+        if observe is not None:
+            observe(seconds)
+
+    def scheduling_request(self, exchange: Exchange, request: InferenceRequest) -> SchedulingRequest:
+        pool = exchange.snapshot.by_model[request.model]
+        profile = self._scheduler.profile(pool.profile)
+        head = exchange.head
+        return SchedulingRequest(
+            model=request.model,
+            prompt_tokens=estimate_tokens(request.prompt_text),
+            max_output_tokens=request.max_output_tokens,
+            prefix_blocks=prefix_blocks(request.prompt_text) if profile.needs_prefix else (),
+            lora=request.model if request.model in pool.lora_adapters else None,
+            session=head.headers.get("x-session-id") or request.user,
+            now=self._clock(),
+            replicas=max(1, len(exchange.snapshot.policy.envoy.extproc_endpoints)),
+        )
 
     # -- request phases -------------------------------------------------------------------------
     def request_headers(self, head: RequestHead) -> tuple[Exchange, Respond | None]:
@@ -103,15 +141,20 @@ class Gateway:
             raise oai.model_not_found(request.model)
         exchange.pool = pool.name
         state = self._registry.pool(pool.name)
-        picked = self._picker.pick(state, pool.fallbacks) if state is not None else ()
+        scheduling = self.scheduling_request(exchange, request)
+        picked = self._scheduler.schedule(pool.profile, scheduling, state.endpoints, 1 + pool.fallbacks,
+                                          self._time_plugin) if state is not None else []
         if not picked:
             raise oai.no_capacity(pool.name)
-        exchange.leases.append(Lease(picked[0]))
+        self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
+        expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or _DEFAULT_OUTPUT_TOKENS)
+        exchange.leases.append(Lease(picked[0], expected))
         exchange.routed_at = self._clock()
         exchange.outcome = "routed"
         addresses = tuple(ep.address for ep in picked)
         envoy = exchange.snapshot.policy.envoy
-        new_body = rewrite_model(request.document, pool.model) if request.model != pool.model else None
+        rewrite = request.model != pool.model and request.model not in pool.lora_adapters
+        new_body = rewrite_model(request.document, pool.model) if rewrite else None
         headers: list[tuple[str, str]] = [
             (envoy.cluster_header, pool.name),
             (envoy.endpoint_header, ",".join(addresses)),
@@ -131,6 +174,12 @@ class Gateway:
         exchange.status = status
         if exchange.pool:
             self._metrics.upstream_status.labels(exchange.pool, f"{status // 100}xx").inc()
+        if exchange.leases and exchange.routed_at is not None and 200 <= status < 300:
+            endpoint = exchange.leases[0].endpoint
+            sample = self._clock() - exchange.routed_at
+            previous = endpoint.latency_ewma_s
+            endpoint.latency_ewma_s = sample if previous is None else (
+                previous + _LATENCY_EWMA_ALPHA * (sample - previous))
 
     def finish(self, exchange: Exchange) -> None:
         """End of the exchange (normal end, client disconnect or reset): release everything once."""

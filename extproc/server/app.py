@@ -16,7 +16,7 @@ from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from extproc.config import Policy, load_policy
-from extproc.endpoints import EndpointRegistry
+from extproc.endpoints import EndpointRegistry, MetricsScraper
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.server.admin import build_admin_app
 from extproc.server.processor import ExternalProcessorService
@@ -44,6 +44,7 @@ class Service:
     grpc_server: grpc.aio.Server
     health: HealthServicer
     admin_runner: web.AppRunner
+    scraper: MetricsScraper
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -57,6 +58,7 @@ class Service:
         await site.start()
         sockets = self.admin_runner.addresses
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
+        await self.scraper.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
         log.info("serving ext_proc on %s:%d, admin on %s:%d",
@@ -70,6 +72,7 @@ class Service:
         self.draining = True
         await self.health.enter_graceful_shutdown()
         await self.grpc_server.stop(grace_s)
+        await self.scraper.stop()
         await self.admin_runner.cleanup()
 
 
@@ -83,8 +86,9 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway), server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
-                      web.AppRunner(web.Application()))
+                      web.AppRunner(web.Application()), scraper)
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, endpoints, snapshots, service.ready), access_log=None
     )

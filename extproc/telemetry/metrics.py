@@ -28,6 +28,10 @@ class GatewayMetrics:
             "extproc_upstream_responses", "Response status classes seen from upstream, per pool",
             ["pool", "status_class"], registry=registry,
         )
+        self.plugin_seconds = Histogram(
+            "extproc_scheduler_plugin_seconds", "Time spent in each scheduling plugin", ["plugin"],
+            buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.005), registry=registry,
+        )
         self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
         self.config_loads = Counter(
             "extproc_config_loads", "Policy loads by result", ["result"], registry=registry

@@ -76,3 +76,14 @@ def test_unreadable_file_reports_path(tmp_path: Path) -> None:
 def test_shipped_example_policies_validate() -> None:
     for path in sorted(Path(__file__).parents[3].joinpath("policies").glob("*.yaml")):
         load_policy(path)
+
+
+def test_unknown_plugin_type_reported_at_load_with_line() -> None:
+    text = GOOD + "scheduling:\n  plugins:\n    - {name: x, type: no-such-plugin}\n"
+    with pytest.raises(ConfigError, match=r"<policy>:7: .*unknown type 'no-such-plugin'"):
+        parse_policy(text)
+
+
+def test_pool_profile_must_exist() -> None:
+    with pytest.raises(ConfigError, match="unknown scheduling profile"):
+        parse_policy(GOOD + "    profile: fastest\n")

@@ -1,0 +1,149 @@
+"""Parse the few vLLM /metrics samples the scheduler uses out of Prometheus text exposition.
+
+A full Prometheus parser would build an object per sample of every histogram bucket; a vLLM page has
+hundreds of those and we need about ten samples. One regular expression finds only the lines whose metric
+name is wanted (its literal prefix `\\nvllm:` lets the regex engine skip the rest of the page in C), and
+labels are decoded only for the two info metrics that carry their payload in labels.
+Garbage never raises: a line that does not parse is skipped and the defaults of `EndpointMetrics` stay.
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import chain
+from math import isfinite
+
+from extproc.endpoints.registry import EndpointMetrics
+
+__all__ = ["parse_vllm_metrics"]
+
+_RUNNING = "vllm:num_requests_running"
+_WAITING = "vllm:num_requests_waiting"
+_KV = "vllm:kv_cache_usage_perc"
+_KV_OLD = "vllm:gpu_cache_usage_perc"  # before vLLM 0.10
+_QUERIES = "vllm:prefix_cache_queries_total"
+_QUERIES_OLD = "vllm:gpu_prefix_cache_queries_total"
+_HITS = "vllm:prefix_cache_hits_total"
+_HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
+_LORA = "vllm:lora_requests_info"
+_CACHE = "vllm:cache_config_info"
+
+# A sample line: name, optional {labels}, whitespace, value, optional timestamp. The name alternation is
+# followed by `{` or blank so that `vllm:num_requests_running_foo` never matches. The label group is greedy
+# up to the last `}` of the line: a value and a timestamp cannot contain `}`, label values can.
+_SAMPLE_BODY = (
+    r"(vllm:(?:num_requests_(?:running|waiting)|(?:kv|gpu)_cache_usage_perc"
+    r"|(?:gpu_)?prefix_cache_(?:queries|hits)_total|lora_requests_info|cache_config_info))"
+    r"(?:\{([^\n]*)\})?[ \t]+([^ \t\r\n]+)"
+)
+_FIRST_SAMPLE = re.compile(_SAMPLE_BODY)
+_SAMPLE = re.compile("\n" + _SAMPLE_BODY)
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(?:,|$)')
+_UNESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape_char(match: re.Match[str]) -> str:
+    char = match.group(1)
+    return "\n" if char == "n" else char
+
+
+def _labels(text: str) -> dict[str, str] | None:
+    """Decode `a="x",b="y\\"z"`; None when the label set is malformed."""
+    labels: dict[str, str] = {}
+    pos = 0
+    end = len(text.rstrip(" \t,"))
+    while pos < end:
+        match = _LABEL.match(text, pos)
+        if match is None:
+            return None
+        value = match.group(2)
+        labels[match.group(1)] = _UNESCAPE.sub(_unescape_char, value) if "\\" in value else value
+        pos = match.end()
+    return labels
+
+
+def _adapters(value: str | None) -> frozenset[str]:
+    if not value:
+        return frozenset()
+    return frozenset(name for name in (part.strip() for part in value.split(",")) if name)
+
+
+def _int(value: str | None, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        pass
+    try:
+        number = float(value)  # "16.0"; "None" (vLLM before the cache is sized) falls through to default
+    except ValueError:
+        return default
+    return int(number) if isfinite(number) else default
+
+
+def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
+    """The scheduler's view of one vLLM /metrics page.
+
+    Gauges and counters that appear under several label sets (several `model_name`s or data-parallel
+    `engine`s) are summed, except KV usage, a fraction, which takes the most loaded set. The newer metric
+    names win over the pre-0.10 ones when a page carries both. Of several `vllm:lora_requests_info`
+    samples the one with the highest value (vLLM's timestamp) is the current one.
+    """
+    sums: dict[str, float] = {}
+    lora_labels: str | None = None
+    lora_stamp = float("-inf")
+    cache_labels: str | None = None
+    kv = kv_old = -1.0
+    first = _FIRST_SAMPLE.match(text)
+    for match in chain((first,) if first is not None else (), _SAMPLE.finditer(text)):
+        name, labels, raw = match.groups()
+        try:
+            value = float(raw)
+        except ValueError:
+            continue
+        if not isfinite(value):  # NaN or Inf would poison every sum and comparison
+            continue
+        if name == _KV:
+            kv = max(kv, value)
+        elif name == _KV_OLD:
+            kv_old = max(kv_old, value)
+        elif name == _LORA:
+            if value >= lora_stamp:
+                lora_stamp = value
+                lora_labels = labels or ""
+        elif name == _CACHE:
+            cache_labels = labels or ""
+        else:
+            sums[name] = sums.get(name, 0.0) + value
+
+    running_loras: frozenset[str] = frozenset()
+    waiting_loras: frozenset[str] = frozenset()
+    max_lora = 0
+    if lora_labels is not None:
+        decoded = _labels(lora_labels)
+        if decoded is not None:
+            running_loras = _adapters(decoded.get("running_lora_adapters"))
+            waiting_loras = _adapters(decoded.get("waiting_lora_adapters"))
+            max_lora = _int(decoded.get("max_lora"), 0)
+    block_size, num_gpu_blocks = 16, 0
+    if cache_labels is not None:
+        decoded = _labels(cache_labels)
+        if decoded is not None:
+            block_size = _int(decoded.get("block_size"), 16)
+            num_gpu_blocks = _int(decoded.get("num_gpu_blocks"), 0)
+
+    kv_usage = kv if kv >= 0.0 else kv_old
+    return EndpointMetrics(
+        scraped_at=scraped_at,
+        running=sums.get(_RUNNING, 0.0),
+        waiting=sums.get(_WAITING, 0.0),
+        kv_usage=min(max(kv_usage, 0.0), 1.0),
+        running_loras=running_loras,
+        waiting_loras=waiting_loras,
+        max_lora=max_lora,
+        prefix_queries=sums.get(_QUERIES, sums.get(_QUERIES_OLD, 0.0)),
+        prefix_hits=sums.get(_HITS, sums.get(_HITS_OLD, 0.0)),
+        block_size=block_size,
+        num_gpu_blocks=num_gpu_blocks,
+    )

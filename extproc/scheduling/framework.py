@@ -1,0 +1,138 @@
+"""The scheduling framework: Filter, Scorer and Picker protocols, profiles and their evaluation.
+
+Plugins see plain types only (no gRPC, no Envoy). The framework, not the plugins, clamps scores to
+[0, 1], applies weights and times every plugin, so a plugin stays a small pure function.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from extproc.endpoints import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingRequest:
+    """What scheduling knows about one request; built once per request by the gateway."""
+
+    model: str
+    prompt_tokens: int  # estimate
+    max_output_tokens: int | None
+    prefix_blocks: tuple[int, ...]  # chained block hashes of the prompt (empty if no plugin needs them)
+    lora: str | None = None  # adapter name when the request targets a LoRA adapter
+    session: str | None = None  # session key (header or body `user`) for session affinity
+    now: float = 0.0  # monotonic clock, seconds
+    # Number of service replicas sharing the fleet; local in-flight counts are scaled by it.
+    replicas: int = 1
+
+
+@runtime_checkable
+class Filter(Protocol):
+    name: str
+
+    def filter(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    name: str
+
+    def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]: ...
+
+
+@runtime_checkable
+class Picker(Protocol):
+    name: str
+
+    def pick(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], totals: Sequence[float],
+             count: int) -> list[Endpoint]: ...
+
+
+@runtime_checkable
+class Observer(Protocol):
+    """Optional: plugins that learn from where requests were sent (e.g. a prefix index)."""
+
+    def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None: ...
+
+
+@runtime_checkable
+class NeedsPrefix(Protocol):
+    needs_prefix: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    scorer: Scorer
+    weight: float
+
+
+@dataclass(slots=True)
+class Explanation:
+    """Every endpoint's per-scorer scores and total, for /debug/explain and tests."""
+
+    filtered_out: list[str] = field(default_factory=list)
+    scores: dict[str, dict[str, float]] = field(default_factory=dict)
+    totals: dict[str, float] = field(default_factory=dict)
+
+
+PluginTimer = Callable[[str, float], None]
+
+
+def _no_timer(_: str, __: float) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    filters: tuple[Filter, ...]
+    scorers: tuple[WeightedScorer, ...]
+    picker: Picker
+    # Derived once here, not per request: protocol isinstance checks are slow.
+    needs_prefix: bool = field(init=False)
+    observers: tuple[Observer, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        plugins = (*self.filters, *(w.scorer for w in self.scorers), self.picker)
+        object.__setattr__(self, "needs_prefix", any(isinstance(p, NeedsPrefix) and p.needs_prefix for p in plugins))
+        object.__setattr__(self, "observers", tuple(p for p in plugins if isinstance(p, Observer)))
+
+    def schedule(
+        self, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,
+        timer: PluginTimer = _no_timer, explain: Explanation | None = None,
+    ) -> list[Endpoint]:
+        """Primary endpoint first, then up to `count - 1` fallbacks in preference order."""
+        candidates = list(endpoints)
+        for plugin in self.filters:
+            started = time.perf_counter()
+            kept = plugin.filter(request, candidates)
+            timer(plugin.name, time.perf_counter() - started)
+            if explain is not None:
+                kept_ids = {id(e) for e in kept}
+                explain.filtered_out += [e.address for e in candidates if id(e) not in kept_ids]
+            candidates = kept
+        if not candidates:
+            return []
+        totals = [0.0] * len(candidates)
+        for weighted in self.scorers:
+            started = time.perf_counter()
+            raw = weighted.scorer.score(request, candidates)
+            timer(weighted.scorer.name, time.perf_counter() - started)
+            for index, value in enumerate(raw):
+                clamped = 0.0 if value != value else min(1.0, max(0.0, value))  # NaN -> 0
+                totals[index] += weighted.weight * clamped
+                if explain is not None:
+                    explain.scores.setdefault(candidates[index].address, {})[weighted.scorer.name] = clamped
+        if explain is not None:
+            explain.totals = {e.address: t for e, t in zip(candidates, totals, strict=True)}
+        started = time.perf_counter()
+        chosen = self.picker.pick(request, candidates, totals, count)
+        timer(self.picker.name, time.perf_counter() - started)
+        return chosen
+
+    def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
+        for observer in self.observers:
+            observer.observe(request, endpoint)

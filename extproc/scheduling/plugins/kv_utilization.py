@@ -1,0 +1,41 @@
+"""kv-cache-utilization-scorer: prefer endpoints with free KV-cache (1 - vllm:kv_cache_usage_perc)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from extproc.endpoints import Endpoint
+from extproc.scheduling.framework import SchedulingRequest
+from extproc.scheduling.load import fresh_metrics
+from extproc.scheduling.registry import PluginRegistry, build_params
+
+TYPE = "kv-cache-utilization-scorer"
+
+
+@dataclass(frozen=True)
+class Params:
+    stale_after_s: float = 1.0
+    unknown_score: float = 0.5  # no fresh scrape: neither preferred nor avoided
+
+
+class KvUtilizationScorer:
+    def __init__(self, name: str, params: Params) -> None:
+        self.name = name
+        self.params = params
+
+    def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
+        scores = []
+        for endpoint in endpoints:
+            metrics = fresh_metrics(endpoint, request.now, self.params.stale_after_s)
+            scores.append(self.params.unknown_score if metrics is None else 1.0 - metrics.kv_usage)
+        return scores
+
+
+def create(name: str, parameters: Mapping[str, Any]) -> KvUtilizationScorer:
+    return KvUtilizationScorer(name, build_params(Params, name, parameters))
+
+
+def register(registry: PluginRegistry) -> None:
+    registry.register(TYPE, create)

@@ -1,0 +1,55 @@
+"""Pickers: max-score-picker (ties rotate) and random-picker; both return the primary plus fallbacks."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extproc.endpoints import Endpoint
+from extproc.scheduling.framework import SchedulingRequest
+from extproc.scheduling.registry import PluginRegistry, build_params
+
+MAX_SCORE = "max-score-picker"
+RANDOM = "random-picker"
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int = 0
+
+
+class MaxScorePicker:
+    """Highest total first; equal totals rotate so idle endpoints share work evenly."""
+
+    def __init__(self, name: str, params: Params) -> None:
+        self.name = name
+        self._rotation = params.seed
+
+    def pick(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], totals: Sequence[float],
+             count: int) -> list[Endpoint]:
+        size = len(endpoints)
+        self._rotation = (self._rotation + 1) % size
+        start = self._rotation
+        order = sorted(range(size), key=lambda i: (-round(totals[i], 9), (i - start) % size))
+        return [endpoints[i] for i in order[:count]]
+
+
+class RandomPicker:
+    """Uniform choice of the primary (a baseline); fallbacks in random order too."""
+
+    def __init__(self, name: str, params: Params) -> None:
+        self.name = name
+        self._random = random.Random(params.seed)
+
+    def pick(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], totals: Sequence[float],
+             count: int) -> list[Endpoint]:
+        return self._random.sample(list(endpoints), min(count, len(endpoints)))
+
+
+def register(registry: PluginRegistry) -> None:
+    registry.register(MAX_SCORE, lambda name, p: MaxScorePicker(name, build_params(Params, name, p)))
+    registry.register(RANDOM, lambda name, p: RandomPicker(name, build_params(Params, name, p)))
+
+
+__all__ = ["MAX_SCORE", "RANDOM", "MaxScorePicker", "RandomPicker", "register"]

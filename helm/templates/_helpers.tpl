@@ -1,0 +1,123 @@
+{{/* Names, labels and the effective policy shared by every template. */}}
+
+{{- define "extproc.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-scoped base name; component objects append a short suffix, so keep room for it. */}}
+{{- define "extproc.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "extproc.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels common to every object; pass (dict "ctx" $ "component" "name"). */}}
+{{- define "extproc.labels" -}}
+helm.sh/chart: {{ include "extproc.chart" .ctx }}
+{{ include "extproc.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: extproc
+{{- with .ctx.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* The component label keeps the service's selector from also matching the Redis pods. */}}
+{{- define "extproc.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "extproc.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "extproc.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "extproc.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "extproc.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) -}}
+{{- end -}}
+
+{{- define "extproc.mode" -}}
+{{- $modes := list "istio-gateway" "istio-sidecar" "standalone" -}}
+{{- if not (has .Values.mode $modes) -}}
+{{- fail (printf "mode must be one of %s, got %q" (join ", " $modes) (toString .Values.mode)) -}}
+{{- end -}}
+{{- .Values.mode -}}
+{{- end -}}
+
+{{/*
+The policy file as the service reads it: .Values.policy plus what a pod needs.
+- service.grpc_host / admin_host default to 0.0.0.0 (kubelet probes, Prometheus and, outside standalone
+  mode, Envoy reach the pod by its IP); a loopback value is refused where it cannot work.
+- standalone: Envoy runs in the same pod, so its ext_proc cluster defaults to 127.0.0.1:<grpc_port> and
+  its listener to 0.0.0.0.
+Defaults below are the policy schema's (extproc/config/schema.py); tests/helm checks they agree.
+*/}}
+{{- define "extproc.policy" -}}
+{{- $policy := deepCopy (.Values.policy | default dict) -}}
+{{- $service := get $policy "service" | default dict -}}
+{{- $_ := set $service "grpc_host" (get $service "grpc_host" | default "0.0.0.0") -}}
+{{- $_ := set $service "admin_host" (get $service "admin_host" | default "0.0.0.0") -}}
+{{- $_ := set $policy "service" $service -}}
+{{- $loopback := list "127.0.0.1" "localhost" "::1" -}}
+{{- if has $service.admin_host $loopback -}}
+{{- fail "policy.service.admin_host is a loopback address: kubelet probes and Prometheus could not reach the admin port; use 0.0.0.0" -}}
+{{- end -}}
+{{- if and (ne .Values.mode "standalone") (has $service.grpc_host $loopback) -}}
+{{- fail "policy.service.grpc_host is a loopback address: Envoy in the gateway/sidecars could not reach ext_proc; use 0.0.0.0" -}}
+{{- end -}}
+{{- if eq .Values.mode "standalone" -}}
+{{- $envoy := get $policy "envoy" | default dict -}}
+{{- if not (get $envoy "extproc_endpoints") -}}
+{{- $_ := set $envoy "extproc_endpoints" (list (printf "127.0.0.1:%d" (int (dig "grpc_port" 9002 $service)))) -}}
+{{- end -}}
+{{- $_ := set $envoy "listen_host" (get $envoy "listen_host" | default "0.0.0.0") -}}
+{{- $_ := set $policy "envoy" $envoy -}}
+{{- end -}}
+{{- toYaml $policy -}}
+{{- end -}}
+
+{{/* Settings read from the effective policy, with the schema's defaults. */}}
+{{- define "extproc.grpcPort" -}}{{ int (dig "service" "grpc_port" 9002 .Values.policy) }}{{- end -}}
+{{- define "extproc.adminPort" -}}{{ int (dig "service" "admin_port" 9003 .Values.policy) }}{{- end -}}
+{{- define "extproc.listenPort" -}}{{ int (dig "envoy" "listen_port" 8080 .Values.policy) }}{{- end -}}
+{{- define "extproc.clusterHeader" -}}{{ dig "envoy" "cluster_header" "x-gateway-pool" .Values.policy }}{{- end -}}
+{{- define "extproc.endpointHeader" -}}
+{{- dig "envoy" "endpoint_header" "x-gateway-destination-endpoint" .Values.policy -}}
+{{- end -}}
+
+{{/* Redis URL handed to the service as EXTPROC_REDIS_URL ("" = none: in-memory store). */}}
+{{- define "extproc.redisUrl" -}}
+{{- if .Values.redis.enabled -}}
+{{- printf "redis://%s-redis.%s.svc.%s:%d/0" (include "extproc.fullname" .) .Release.Namespace .Values.clusterDomain (int .Values.redis.port) -}}
+{{- else -}}
+{{- .Values.redis.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Envoy cluster the gateway/sidecar uses for ext_proc gRPC streams. */}}
+{{- define "extproc.istioExtprocCluster" -}}
+{{- if .Values.istio.extprocCluster.name -}}
+{{- .Values.istio.extprocCluster.name -}}
+{{- else if eq .Values.istio.extprocCluster.mode "dedicated" -}}
+{{- printf "extproc-%s-%s" .Release.Namespace (include "extproc.fullname" .) | trunc 120 -}}
+{{- else -}}
+{{- printf "outbound|%s||%s.%s.svc.%s" (include "extproc.grpcPort" .) (include "extproc.fullname" .) .Release.Namespace .Values.clusterDomain -}}
+{{- end -}}
+{{- end -}}
