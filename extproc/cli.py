@@ -71,6 +71,12 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     return _run_async(run_overhead(args))
 
 
+def _cmd_bench_scheduling(args: argparse.Namespace) -> int:
+    from extproc.bench.scheduling import run_scheduling
+
+    return run_scheduling(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -125,6 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     overhead_configure(overhead)
     overhead.set_defaults(handler=_cmd_bench_overhead)
+    scheduling = bench_commands.add_parser(
+        "scheduling", help="CPU cost of one routing decision (parse + prefix hashing + scheduling), no network.",
+        description="CPU cost of one routing decision inside the service for several prompt sizes.")
+    from extproc.bench.scheduling import configure as scheduling_configure
+
+    scheduling_configure(scheduling)
+    scheduling.set_defaults(handler=_cmd_bench_scheduling)
     return parser
 
 

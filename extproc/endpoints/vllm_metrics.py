@@ -3,7 +3,7 @@
 A full Prometheus parser would build an object per sample of every histogram bucket; a vLLM page has
 hundreds of those and we need about ten samples. One regular expression finds only the lines whose metric
 name is wanted (its literal prefix `\\nvllm:` lets the regex engine skip the rest of the page in C), and
-labels are decoded only for the two info metrics that carry their payload in labels.
+labels are read only for the two info metrics that carry their payload in labels.
 Garbage never raises: a line that does not parse is skipped and the defaults of `EndpointMetrics` stay.
 """
 
@@ -38,8 +38,26 @@ _SAMPLE_BODY = (
 )
 _FIRST_SAMPLE = re.compile(_SAMPLE_BODY)
 _SAMPLE = re.compile("\n" + _SAMPLE_BODY)
-_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\\n]|\\.)*)"[ \t]*(?:,|$)')
+# A quoted label value with escapes, written as an unrolled loop so the regex engine never backtracks.
+_VALUE = r'[^"\\\n]*(?:\\.[^"\\\n]*)*'
+_PAIR = r'[ \t]*[a-zA-Z_][a-zA-Z0-9_]*[ \t]*=[ \t]*"' + _VALUE + r'"[ \t]*,'
 _UNESCAPE = re.compile(r"\\(.)")
+
+
+def _label_pattern(name: str) -> re.Pattern[str]:
+    """Finds one label by walking the label set pair by pair from its start, in C.
+
+    Walking whole quoted pairs (instead of searching for `name="`) is what keeps a value that happens to
+    contain `,name=` from being read as the label; only the pairs before the wanted one must be well formed.
+    """
+    return re.compile(r"(?:" + _PAIR + r")*?[ \t]*" + name + r'[ \t]*=[ \t]*"(' + _VALUE + r')"[ \t]*(?:,|$)')
+
+
+_BLOCK_SIZE = _label_pattern("block_size")
+_NUM_GPU_BLOCKS = _label_pattern("num_gpu_blocks")
+_MAX_LORA = _label_pattern("max_lora")
+_RUNNING_ADAPTERS = _label_pattern("running_lora_adapters")
+_WAITING_ADAPTERS = _label_pattern("waiting_lora_adapters")
 
 
 def _unescape_char(match: re.Match[str]) -> str:
@@ -47,19 +65,12 @@ def _unescape_char(match: re.Match[str]) -> str:
     return "\n" if char == "n" else char
 
 
-def _labels(text: str) -> dict[str, str] | None:
-    """Decode `a="x",b="y\\"z"`; None when the label set is malformed."""
-    labels: dict[str, str] = {}
-    pos = 0
-    end = len(text.rstrip(" \t,"))
-    while pos < end:
-        match = _LABEL.match(text, pos)
-        if match is None:
-            return None
-        value = match.group(2)
-        labels[match.group(1)] = _UNESCAPE.sub(_unescape_char, value) if "\\" in value else value
-        pos = match.end()
-    return labels
+def _label(pattern: re.Pattern[str], labels: str) -> str | None:
+    match = pattern.match(labels)
+    if match is None:
+        return None
+    value = match.group(1)
+    return _UNESCAPE.sub(_unescape_char, value) if "\\" in value else value
 
 
 def _adapters(value: str | None) -> frozenset[str]:
@@ -121,17 +132,13 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
     waiting_loras: frozenset[str] = frozenset()
     max_lora = 0
     if lora_labels is not None:
-        decoded = _labels(lora_labels)
-        if decoded is not None:
-            running_loras = _adapters(decoded.get("running_lora_adapters"))
-            waiting_loras = _adapters(decoded.get("waiting_lora_adapters"))
-            max_lora = _int(decoded.get("max_lora"), 0)
+        running_loras = _adapters(_label(_RUNNING_ADAPTERS, lora_labels))
+        waiting_loras = _adapters(_label(_WAITING_ADAPTERS, lora_labels))
+        max_lora = _int(_label(_MAX_LORA, lora_labels), 0)
     block_size, num_gpu_blocks = 16, 0
     if cache_labels is not None:
-        decoded = _labels(cache_labels)
-        if decoded is not None:
-            block_size = _int(decoded.get("block_size"), 16)
-            num_gpu_blocks = _int(decoded.get("num_gpu_blocks"), 0)
+        block_size = _int(_label(_BLOCK_SIZE, cache_labels), 16)
+        num_gpu_blocks = _int(_label(_NUM_GPU_BLOCKS, cache_labels), 0)
 
     kv_usage = kv if kv >= 0.0 else kv_old
     return EndpointMetrics(

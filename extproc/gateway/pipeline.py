@@ -6,9 +6,11 @@ protobufs. Per-request routing state lives in an `Exchange`, apart from protocol
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from extproc.endpoints import EndpointRegistry, Lease
 from extproc.gateway.snapshot import Snapshot, SnapshotHolder
@@ -23,7 +25,7 @@ from extproc.openai import (
     rewrite_model,
 )
 from extproc.openai import errors as oai
-from extproc.scheduling import Scheduler, SchedulingRequest, prefix_blocks
+from extproc.scheduling import Explanation, Scheduler, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
 
 _JSON = (("content-type", "application/json"),)
@@ -66,6 +68,7 @@ class Gateway:
         self._registry = registry
         self._metrics = metrics
         self._clock = clock
+        self._sequence = 0
         self._scheduler_version = snapshots.current.version
         self._scheduler = Scheduler(snapshots.current.policy.scheduling)
         self._plugin_timers = {
@@ -85,7 +88,8 @@ class Gateway:
         if observe is not None:
             observe(seconds)
 
-    def scheduling_request(self, exchange: Exchange, request: InferenceRequest) -> SchedulingRequest:
+    def scheduling_request(self, exchange: Exchange, request: InferenceRequest,
+                           sequence: int = 0) -> SchedulingRequest:
         pool = exchange.snapshot.by_model[request.model]
         profile = self._scheduler.profile(pool.profile)
         head = exchange.head
@@ -98,6 +102,7 @@ class Gateway:
             session=head.headers.get("x-session-id") or request.user,
             now=self._clock(),
             replicas=max(1, len(exchange.snapshot.policy.envoy.extproc_endpoints)),
+            sequence=sequence,
         )
 
     # -- request phases -------------------------------------------------------------------------
@@ -129,7 +134,8 @@ class Gateway:
         finally:
             self._metrics.decision_seconds.observe(self._clock() - started)
 
-    def _route(self, exchange: Exchange, body: bytes) -> Decision:
+    def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
+        """Decide; with `explain` the decision is only described: no lease, no learning, no counters."""
         if exchange.api is None:  # headers phase already answered; Envoy should not send a body
             raise oai.not_found(exchange.head.path)
         bounds = exchange.snapshot.policy.bounds
@@ -141,16 +147,20 @@ class Gateway:
             raise oai.model_not_found(request.model)
         exchange.pool = pool.name
         state = self._registry.pool(pool.name)
-        scheduling = self.scheduling_request(exchange, request)
+        sequence = self._sequence + 1
+        scheduling = self.scheduling_request(exchange, request, sequence)
         picked = self._scheduler.schedule(pool.profile, scheduling, state.endpoints, 1 + pool.fallbacks,
-                                          self._time_plugin) if state is not None else []
+                                          self._time_plugin, explain) if state is not None else []
         if not picked:
             raise oai.no_capacity(pool.name)
-        self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
-        expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or _DEFAULT_OUTPUT_TOKENS)
-        exchange.leases.append(Lease(picked[0], expected))
-        exchange.routed_at = self._clock()
-        exchange.outcome = "routed"
+        if explain is None:
+            self._sequence = sequence
+            self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
+            expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or _DEFAULT_OUTPUT_TOKENS)
+            exchange.leases.append(Lease(picked[0], expected))
+            exchange.routed_at = self._clock()
+            exchange.outcome = "routed"
+            self._metrics.in_flight.inc()
         addresses = tuple(ep.address for ep in picked)
         envoy = exchange.snapshot.policy.envoy
         rewrite = request.model != pool.model and request.model not in pool.lora_adapters
@@ -161,8 +171,27 @@ class Gateway:
         ]
         if new_body is not None:
             headers.append(("content-length", str(len(new_body))))
-        self._metrics.in_flight.inc()
         return Route(pool.name, addresses, tuple(headers), new_body)
+
+    def explain(self, head: RequestHead, body: bytes) -> dict[str, Any]:
+        """The decision this request would get now, with every endpoint's scores; nothing is sent or kept."""
+        exchange, early = self.request_headers(head)
+        explanation = Explanation()
+        try:
+            decision: Decision = early if early is not None else self._route(exchange, body, explanation)
+        except ApiError as error:
+            decision = error_response(error)
+        result: dict[str, Any] = {"config_version": exchange.snapshot.version, "model": exchange.model or None,
+                                  "pool": exchange.pool or None}
+        if isinstance(decision, Route):
+            pool = exchange.snapshot.by_model[exchange.model]
+            result.update(decision="route", profile=pool.profile, endpoints=list(decision.endpoints),
+                          set_headers=dict(decision.set_headers), body_rewritten=decision.body is not None,
+                          filtered_out=explanation.filtered_out, scores=explanation.scores,
+                          totals=explanation.totals)
+        else:
+            result.update(decision="respond", status=decision.status, body=json.loads(decision.body or b"null"))
+        return result
 
     def _reject(self, exchange: Exchange, error: ApiError) -> Respond:
         exchange.outcome = f"rejected_{error.status}"

@@ -27,6 +27,9 @@ class SchedulingRequest:
     now: float = 0.0  # monotonic clock, seconds
     # Number of service replicas sharing the fleet; local in-flight counts are scaled by it.
     replicas: int = 1
+    # Per-process request counter: pickers break ties with it, so a decision is a pure function of
+    # (request, endpoint state) and /debug/explain can reproduce the next one exactly.
+    sequence: int = 0
 
 
 @runtime_checkable

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from extproc.endpoints import EndpointRegistry
-from extproc.gateway import SnapshotHolder
+from extproc.gateway import Gateway, RequestHead, SnapshotHolder
 
 
 def build_admin_app(
@@ -16,6 +17,7 @@ def build_admin_app(
     endpoints: EndpointRegistry,
     snapshots: SnapshotHolder,
     is_ready: Callable[[], bool],
+    gateway: Gateway,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(metrics_registry)
@@ -38,9 +40,27 @@ def build_admin_app(
         }
         return web.json_response({"config_version": snapshots.current.version, "pools": data})
 
-    app = web.Application(client_max_size=1024 * 1024)
+    async def explain(request: web.Request) -> web.Response:
+        """POST {"path", "method"?, "headers"?, "body": object|string} -> the decision it would get now."""
+        try:
+            spec = await request.json()
+        except ValueError:
+            return web.json_response({"error": "body must be JSON"}, status=400)
+        if not isinstance(spec, dict) or not isinstance(spec.get("path", "/v1/chat/completions"), str):
+            return web.json_response({"error": "expected an object with 'path' and 'body'"}, status=400)
+        body = spec.get("body", "")
+        raw = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        headers = {str(k).lower(): str(v) for k, v in (spec.get("headers") or {}).items()}
+        headers.setdefault("content-length", str(len(raw)))
+        head = RequestHead(str(spec.get("method", "POST")), spec.get("path", "/v1/chat/completions"), headers,
+                           end_of_stream=not raw)
+        return web.json_response(gateway.explain(head, raw))
+
+    limit = snapshots.current.policy.bounds.max_body_bytes * 2 + 65536
+    app = web.Application(client_max_size=limit)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/debug/pools", pools)
+    app.router.add_post("/debug/explain", explain)
     return app

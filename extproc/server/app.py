@@ -90,7 +90,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper)
     service.admin_runner = web.AppRunner(
-        build_admin_app(registry, endpoints, snapshots, service.ready), access_log=None
+        build_admin_app(registry, endpoints, snapshots, service.ready, gateway), access_log=None
     )
     return service
 

@@ -20,17 +20,16 @@ class Params:
 
 
 class MaxScorePicker:
-    """Highest total first; equal totals rotate so idle endpoints share work evenly."""
+    """Highest total first; equal totals rotate with the request sequence so idle endpoints share work."""
 
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
-        self._rotation = params.seed
+        self.seed = params.seed
 
     def pick(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], totals: Sequence[float],
              count: int) -> list[Endpoint]:
         size = len(endpoints)
-        self._rotation = (self._rotation + 1) % size
-        start = self._rotation
+        start = (request.sequence + self.seed) % size
         order = sorted(range(size), key=lambda i: (-round(totals[i], 9), (i - start) % size))
         return [endpoints[i] for i in order[:count]]
 
@@ -40,11 +39,12 @@ class RandomPicker:
 
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
-        self._random = random.Random(params.seed)
+        self.seed = params.seed
 
     def pick(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], totals: Sequence[float],
              count: int) -> list[Endpoint]:
-        return self._random.sample(list(endpoints), min(count, len(endpoints)))
+        chooser = random.Random(self.seed * 1_000_003 + request.sequence)  # reproducible per request
+        return chooser.sample(list(endpoints), min(count, len(endpoints)))
 
 
 def register(registry: PluginRegistry) -> None:

@@ -76,6 +76,23 @@ async def test_envoy_honours_the_endpoint_we_pick(
     assert len(served) == 3  # sequential requests rotate over idle endpoints
 
 
+async def test_explain_matches_the_real_decision(
+    stack: tuple[Stack, ProcessGroup], http: aiohttp.ClientSession
+) -> None:
+    s, _ = stack
+    for n in range(4):
+        body = chat_body("gpt-4o-mini", messages=[{"role": "system", "content": f"group {n} " * 200},
+                                                  {"role": "user", "content": "hi"}])
+        async with http.post(f"{s.admin_url}/debug/explain",
+                             json={"path": "/v1/chat/completions", "body": body}) as response:
+            explained = await response.json()
+        assert explained["decision"] == "route" and explained["profile"] == "default"
+        assert len(explained["scores"]) == 3 and explained["body_rewritten"] is True
+        async with http.post(url(s, "/v1/chat/completions"), json=body) as response:
+            assert response.status == 200
+            assert response.headers["x-gateway-upstream-host"] == explained["endpoints"][0]
+
+
 async def test_client_cannot_choose_pool_or_endpoint(
     stack: tuple[Stack, ProcessGroup], http: aiohttp.ClientSession
 ) -> None:

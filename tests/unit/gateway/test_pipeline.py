@@ -138,3 +138,25 @@ def test_empty_pool_gives_503_with_retry_after() -> None:
     assert error_of(decision) == (503, "no_capacity")
     assert isinstance(decision, Respond)
     assert ("retry-after", "1") in decision.headers
+
+
+def test_explain_matches_the_next_real_decision_and_changes_nothing() -> None:
+    gateway, registry, _ = make_gateway()
+    body = chat(model="chat")
+    for _ in range(5):
+        before = registry.total_in_flight()
+        explained = gateway.explain(head(), body)
+        assert explained["decision"] == "route" and explained["pool"] == "chat"
+        assert set(explained["scores"]) == {"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"}
+        assert registry.total_in_flight() == before
+        exchange, _ = gateway.request_headers(head())
+        decision = gateway.request_body(exchange, body)
+        assert isinstance(decision, Route)
+        assert list(decision.endpoints) == explained["endpoints"]
+
+
+def test_explain_describes_rejections() -> None:
+    gateway, _, _ = make_gateway()
+    explained = gateway.explain(head(), chat(model="nope"))
+    assert explained["decision"] == "respond" and explained["status"] == 404
+    assert explained["body"]["error"]["code"] == "model_not_found"

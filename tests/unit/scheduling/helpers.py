@@ -21,7 +21,7 @@ def fleet(count: int = 8) -> list[Endpoint]:
 
 
 def request(prompt: str = "", *, lora: str | None = None, session: str | None = None,
-            replicas: int = 1) -> SchedulingRequest:
+            replicas: int = 1, sequence: int = 0) -> SchedulingRequest:
     return SchedulingRequest(model="m", prompt_tokens=len(prompt) // 4, max_output_tokens=64,
                              prefix_blocks=prefix_blocks(prompt), lora=lora, session=session, now=NOW,
-                             replicas=replicas)
+                             replicas=replicas, sequence=sequence)

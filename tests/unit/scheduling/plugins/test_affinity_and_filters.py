@@ -38,7 +38,9 @@ def test_pickers() -> None:
     endpoints = fleet(4)
     picker = MaxScorePicker("m", Params())
     assert picker.pick(request(), endpoints, [0.1, 0.9, 0.5, 0.2], 3) == [endpoints[1], endpoints[2], endpoints[3]]
-    firsts = {picker.pick(request(), endpoints, [1.0] * 4, 1)[0].address for _ in range(4)}
+    firsts = {picker.pick(request(sequence=i), endpoints, [1.0] * 4, 1)[0].address for i in range(4)}
+    assert picker.pick(request(sequence=7), endpoints, [1.0] * 4, 1) == picker.pick(request(sequence=7), endpoints,
+                                                                                    [1.0] * 4, 1)
     assert len(firsts) == 4  # equal scores rotate
     chosen = RandomPicker("r", Params(seed=3)).pick(request(), endpoints, [0.0] * 4, 2)
     assert len(chosen) == 2 and len(set(map(id, chosen))) == 2

@@ -1,0 +1,105 @@
+"""`extproc bench scheduling`: CPU cost of one routing decision inside the service (no network).
+
+Measures the whole body phase (JSON parse, prefix hashing, scheduling over N endpoints with live
+metrics, route building) and, separately, the scheduler alone, for a few prompt sizes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+
+from extproc.bench.report import format_table, write_json
+from extproc.config import parse_policy
+from extproc.endpoints import EndpointMetrics, EndpointRegistry
+from extproc.gateway import Gateway, RequestHead, SnapshotHolder
+from extproc.openai import Api, parse_request
+from extproc.scheduling import Scheduler
+from extproc.telemetry import GatewayMetrics
+
+_WORDS = ("gpu", "token", "cache", "prefix", "stream", "latency", "envoy", "router", "batch", "model")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoints", type=int, default=8, help="endpoints in the pool (default 8)")
+    parser.add_argument("--iterations", type=int, default=2000, help="decisions per case (default 2000)")
+    parser.add_argument("--profile", default="default", help="scheduling profile (default 'default')")
+    parser.add_argument("--json", metavar="FILE", default="reports/scheduling.json", help="report path")
+
+
+def _prompt(rng: random.Random, chars: int) -> str:
+    words: list[str] = []
+    size = 0
+    while size < chars:
+        word = rng.choice(_WORDS)
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)[:chars]
+
+
+def _percentiles(samples_s: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_s)
+
+    def at(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6, 1)
+
+    return {"p50_us": at(0.50), "p99_us": at(0.99), "max_us": round(ordered[-1] * 1e6, 1)}
+
+
+def run_case(endpoints: int, iterations: int, profile: str, prompt_chars: int) -> dict[str, Any]:
+    addresses = [f"10.0.0.{i + 1}:8000" for i in range(endpoints)]
+    policy = parse_policy(json.dumps({"pools": [{"name": "p", "model": "m", "profile": profile,
+                                                 "endpoints": addresses}]}))
+    registry = EndpointRegistry()
+    gateway = Gateway(SnapshotHolder(policy), registry, GatewayMetrics(CollectorRegistry()))
+    rng = random.Random(prompt_chars)
+    now = time.monotonic()
+    pool = registry.pool("p")
+    assert pool is not None
+    for endpoint in pool.endpoints:
+        endpoint.metrics = EndpointMetrics(scraped_at=now + 3600, running=rng.randint(0, 16),
+                                           waiting=rng.randint(0, 4), kv_usage=rng.random())
+    systems = [_prompt(rng, prompt_chars) for _ in range(8)]
+    bodies = [json.dumps({"model": "m", "max_tokens": 64, "messages": [
+        {"role": "system", "content": systems[i % 8]}, {"role": "user", "content": f"question {i}"}]}).encode()
+        for i in range(64)]
+    head = RequestHead("POST", "/v1/chat/completions", {})
+    full: list[float] = []
+    scheduling: list[float] = []
+    scheduler = Scheduler(policy.scheduling)
+    for i in range(iterations):
+        body = bodies[i % len(bodies)]
+        exchange, _ = gateway.request_headers(head)
+        started = time.perf_counter()
+        gateway.request_body(exchange, body)
+        full.append(time.perf_counter() - started)
+        gateway.finish(exchange)
+        request = parse_request(Api.CHAT, body, max_bytes=policy.bounds.max_body_bytes, max_depth=32)
+        exchange.request = request
+        started = time.perf_counter()
+        scheduler.schedule(profile, gateway.scheduling_request(exchange, request), pool.endpoints, 3)
+        scheduling.append(time.perf_counter() - started)
+    return {"prompt_chars": prompt_chars, "approx_tokens": prompt_chars // 4, "body_phase": _percentiles(full),
+            "scheduling_only": _percentiles(scheduling)}
+
+
+def run_scheduling(args: argparse.Namespace) -> int:
+    cases = [run_case(args.endpoints, args.iterations, args.profile, chars)
+             for chars in (400, 16_000, 200_000)]
+    rows = [{"prompt": f"{c['prompt_chars'] // 1000 or c['prompt_chars']}{'KB' if c['prompt_chars'] >= 1000 else 'B'}"
+                       f" (~{c['approx_tokens']} tok)",
+             "body p50 us": c["body_phase"]["p50_us"], "body p99 us": c["body_phase"]["p99_us"],
+             "sched p50 us": c["scheduling_only"]["p50_us"], "sched p99 us": c["scheduling_only"]["p99_us"]}
+            for c in cases]
+    print(format_table(rows, ["prompt", "body p50 us", "body p99 us", "sched p50 us", "sched p99 us"]))
+    report = {"endpoints": args.endpoints, "profile": args.profile, "iterations": args.iterations,
+              "tokenizer": "character estimate (no tokenizer file)", "cases": cases}
+    path = write_json(args.json, report)
+    print(f"report written to {path}", file=sys.stderr)
+    return 0
