@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from extproc.config.schema import Policy
 
@@ -93,8 +93,11 @@ def _problems(error: ValidationError, file: str, lines: dict[PathKey, int]) -> I
         yield ConfigProblem(file, _line_for(loc, lines), _format_loc(loc), message)
 
 
-def parse_policy(text: str, file: str = "<policy>") -> Policy:
-    """Validate policy YAML text; raises ConfigError with file:line problems."""
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_yaml_model(model: type[M], text: str, file: str) -> M:
+    """Validate YAML text against a pydantic model; raises ConfigError with file:line problems."""
     lines: dict[PathKey, int] = {}
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -103,17 +106,26 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
         line = mark.line + 1 if mark is not None else 1
         raise ConfigError([ConfigProblem(file, line, "", f"YAML syntax: {exc.problem}")]) from None
     if node is None:
-        raise ConfigError([ConfigProblem(file, 1, "", "policy file is empty")])
+        raise ConfigError([ConfigProblem(file, 1, "", "the file is empty")])
     try:
         data = _walk(node, (), lines)
     except _BadNode as exc:
         raise ConfigError([ConfigProblem(file, exc.line, "", exc.message)]) from None
     if not isinstance(data, dict):
-        raise ConfigError([ConfigProblem(file, 1, "", "policy file must be a mapping at the top level")])
+        raise ConfigError([ConfigProblem(file, 1, "", "the file must be a mapping at the top level")])
     try:
-        policy = Policy.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(list(_problems(exc, file, lines))) from None
+
+
+def parse_policy(text: str, file: str = "<policy>") -> Policy:
+    """Validate policy YAML text; raises ConfigError with file:line problems."""
+    policy = parse_yaml_model(Policy, text, file)
+    lines: dict[PathKey, int] = {}
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is not None:
+        _walk(node, (), lines)
     # Plugins are built once here so a bad type or parameter is reported at load, with its line.
     from extproc.scheduling import PluginError, validate_scheduling
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -149,6 +149,56 @@ class SchedulingConfig(_Strict):
         return self
 
 
+class TierLimits(_Strict):
+    """Limits of one scope (a tenant in total, or a tenant on one model); unset = unlimited."""
+
+    requests_per_s: float | None = Field(default=None, gt=0)
+    burst: float | None = Field(default=None, ge=1, description="bucket size; default 2 x requests_per_s")
+    concurrency: int | None = Field(default=None, ge=1)
+    tokens_per_min: int | None = Field(default=None, ge=1)
+    tokens_per_day: int | None = Field(default=None, ge=1)
+
+
+class TierConfig(_Strict):
+    """What every tenant of a tier gets; tenants may override limits in the keys file."""
+
+    priority: int = 0
+    limits: TierLimits = TierLimits()  # the tenant's total over all models
+    model_limits: TierLimits = TierLimits()  # the tenant on each model separately
+
+
+class AuthConfig(_Strict):
+    # none: every request is the anonymous tenant of tier `default`; api-key: `Authorization: Bearer`
+    # looked up in keys_file; trusted-header: an upstream authenticator sets tenant_header/tier_header.
+    mode: Literal["none", "api-key", "trusted-header"] = "none"
+    keys_file: str | None = None
+    tenant_header: str = "x-tenant-id"
+    tier_header: str = "x-tenant-tier"
+    reload_interval_s: float = Field(default=2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _needs_file(self) -> AuthConfig:
+        if self.mode == "api-key" and not self.keys_file:
+            raise ValueError("auth.mode api-key needs auth.keys_file")
+        return self
+
+
+class LimitsConfig(_Strict):
+    store: Literal["memory", "redis"] = "memory"
+    redis_url: str | None = Field(default=None, description="redis:// or rediss://; env EXTPROC_REDIS_URL wins")
+    on_store_failure: Literal["fail-open", "fail-closed"] = "fail-open"
+    decision_deadline_ms: float = Field(default=5.0, gt=0, le=1000)
+    # Expected completion when a request sets no max_tokens: reserved, then corrected to real usage.
+    default_output_tokens: int = Field(default=256, ge=1)
+    lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
+
+    @model_validator(mode="after")
+    def _redis_url(self) -> LimitsConfig:
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("limits.redis_url must start with redis://, rediss:// or unix://")
+        return self
+
+
 # Profiles every service knows without configuration (see extproc/scheduling/profiles.py).
 BUILTIN_PROFILES = ("default", "load-only", "least-inflight", "random")
 
@@ -188,6 +238,9 @@ class Policy(_Strict):
     bounds: BoundsConfig = BoundsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
     scheduling: SchedulingConfig = SchedulingConfig()
+    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = LimitsConfig()
+    tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -203,6 +256,8 @@ class Policy(_Strict):
                 if other is not None and other != pool.name:
                     raise ValueError(f"model name {name!r} is claimed by pools {other!r} and {pool.name!r}")
                 seen_models[name] = pool.name
+        if "default" not in self.tiers:
+            raise ValueError("tiers must define 'default' (the tier of tenants that name none)")
         known = set(BUILTIN_PROFILES) | {p.name for p in self.scheduling.profiles}
         for pool in self.pools:
             if pool.profile not in known:

