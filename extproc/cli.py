@@ -77,6 +77,23 @@ def _cmd_bench_scheduling(args: argparse.Namespace) -> int:
     return run_scheduling(args)
 
 
+def _cmd_keys(args: argparse.Namespace) -> int:
+    import secrets
+
+    from extproc.tenants import hash_key
+
+    if args.keys_command == "new":
+        key = "sk-" + secrets.token_urlsafe(32)
+        print(f"key:    {key}\nsha256: {hash_key(key)}")
+        return 0
+    key = args.key if args.key is not None else sys.stdin.readline().strip()
+    if not key:
+        print("no key given (argument or one line on stdin)", file=sys.stderr)
+        return 2
+    print(hash_key(key))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -108,6 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("--mount", help="the directory's path as Envoy sees it, if different (e.g. /etc/envoy/xds "
                                         "in a container); file paths inside the config use it")
     render.set_defaults(handler=_cmd_envoy_render)
+
+    keys = commands.add_parser("keys", help="API keys for the tenants file (only hashes are stored).",
+                               description="API keys for the tenants file (only SHA-256 hashes are stored).")
+    keys_commands = keys.add_subparsers(dest="keys_command", required=True, metavar="SUBCOMMAND")
+    key_hash = keys_commands.add_parser("hash", help="Print the sha256 entry for a key (argument or stdin).",
+                                        description="Print the sha256 entry for a key; read from stdin when "
+                                                    "omitted, so the key stays out of shell history.")
+    key_hash.add_argument("key", nargs="?", help="the API key (default: one line from stdin)")
+    key_hash.set_defaults(handler=_cmd_keys)
+    key_new = keys_commands.add_parser("new", help="Generate a random key and its sha256 entry.",
+                                       description="Generate a random API key and its sha256 entry.")
+    key_new.set_defaults(handler=_cmd_keys)
 
     sim = add("sim", _cmd_sim, "Run a simulated vLLM fleet (OpenAI API, vLLM metrics, KV cache, faults).")
     from extproc.sim import cli as sim_cli

@@ -62,7 +62,7 @@ __all__ = ["WORKLOADS", "Layout", "configure", "layout_for", "run_routing", "sim
 DEFAULT_STRATEGIES = "envoy-round-robin,envoy-least-request,least-inflight,default"
 WORKLOADS = ("shared-prefix", "multi-turn", "mixed", "overload")
 # Offered load per workload: light, around the knee, and past it for round-robin on 8 replicas.
-DEFAULT_QPS = {"shared-prefix": "4,8,16", "multi-turn": "4,8,16", "mixed": "4,8,16", "overload": "32"}
+DEFAULT_QPS = {"shared-prefix": "8,24,48", "multi-turn": "8,24,48", "mixed": "8,24,48", "overload": "64"}
 CHAT_MODEL = "llama-3.1-8b-instruct"
 CODE_MODEL = "qwen2.5-coder-7b"
 ADAPTERS = ("sql-lora", "summarize-lora", "support-lora")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -145,7 +146,8 @@ def point_row(
     worst_ratio = None if not ratios or None in ratios else max(r for r in ratios if r is not None)
     return {
         "strategy": strategy, "qps": qps, "requests": summary["total"], "ok": summary["ok"],
-        "errors": sum(summary["errors"].values()), "error_kinds": summary["errors"],
+        "errors": sum(summary["errors"].values()), "error_kinds": summary["errors"], "status": summary["status"],
+        "errors_by_model": dict(Counter(s.labels.get("model", "-") for s in samples if s.error is not None)),
         "ttft_p50_ms": _ms(ttft["p50"]), "ttft_p90_ms": _ms(ttft["p90"]), "ttft_p99_ms": _ms(ttft["p99"]),
         "tpot_p50_ms": summary["tpot_ms"]["p50"], "e2e_p50_ms": summary["e2e_ms"]["p50"],
         "e2e_p99_ms": summary["e2e_ms"]["p99"], "output_tokens_per_s": summary["output_tokens_per_s"],

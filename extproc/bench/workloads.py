@@ -183,7 +183,7 @@ class MultiTurnChats:
             conversation = self._slots[slot] = self._new_conversation()
         question = {"role": "user", "content": prompt_text(rng, rng.randint(*self._question_tokens)) + "?"}
         messages = [*conversation.messages, question]
-        turn = (len(messages) - 1) // 2
+        turn = len(messages) // 2  # 1 for the first question
         body: dict[str, object] = {"model": self.model, "messages": messages,
                                    "max_tokens": rng.randint(*self._max_tokens), "stream": True,
                                    "stream_options": {"include_usage": True}}

@@ -8,13 +8,26 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from extproc.config import PoolConfig
 from extproc.endpoints import EndpointRegistry, Lease
+from extproc.gateway.admission import (
+    Admission,
+    admit_request,
+    rate_limited,
+    ratelimit_headers,
+    refused_dimension,
+    reservation,
+)
+from extproc.gateway.auth import Authenticator
 from extproc.gateway.snapshot import Snapshot, SnapshotHolder
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
+from extproc.gateway.usage import encode_reservation
+from extproc.limits.types import AdmitRequest, AdmitResult, LimitState, Reservation
 from extproc.openai import (
     Api,
     ApiError,
@@ -22,11 +35,12 @@ from extproc.openai import (
     api_for_path,
     estimate_tokens,
     parse_request,
-    rewrite_model,
+    rewrite_body,
 )
 from extproc.openai import errors as oai
 from extproc.scheduling import Explanation, Scheduler, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
+from extproc.tenants import ANONYMOUS, Tenant
 
 _JSON = (("content-type", "application/json"),)
 # Expected completion length when the request sets no max_tokens (for in-flight token accounting).
@@ -50,6 +64,12 @@ class Exchange:
     routed_at: float | None = None
     leases: list[Lease] = field(default_factory=list)
     finished: bool = False
+    tenant: Tenant = ANONYMOUS
+    request_id: str = ""
+    admission: AdmitRequest | None = None
+    reservation: Reservation | None = None
+    limit_states: tuple[LimitState, ...] = ()
+    body: bytes = b""
 
 
 def error_response(error: ApiError) -> Respond:
@@ -63,8 +83,12 @@ class Gateway:
         registry: EndpointRegistry,
         metrics: GatewayMetrics,
         clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        authenticator: Authenticator | None = None,
     ) -> None:
         self._snapshots = snapshots
+        self._wall_clock = wall_clock
+        self.authenticator = authenticator or Authenticator()
         self._registry = registry
         self._metrics = metrics
         self._clock = clock
@@ -119,33 +143,70 @@ class Gateway:
             return exchange, self._reject(exchange, oai.method_not_allowed(head.method, path))
         if head.end_of_stream:
             return exchange, self._reject(exchange, oai.bad_request("Request body is empty", "invalid_json"))
-        limit = snapshot.policy.bounds.max_body_bytes
+        policy = snapshot.policy
+        try:
+            exchange.tenant = self.authenticator.authenticate(head, policy.auth, set(policy.tiers))
+        except ApiError as error:
+            return exchange, self._reject(exchange, error)
+        limit = policy.bounds.max_body_bytes
         declared = head.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return exchange, self._reject(exchange, oai.too_large(limit))
+        exchange.request_id = head.request_id or uuid.uuid4().hex
         return exchange, None
 
-    def request_body(self, exchange: Exchange, body: bytes) -> Decision:
+    def request_body(self, exchange: Exchange, body: bytes) -> Decision | Admission:
+        """Route, or ask for admission first (the server awaits the store, then calls `admitted`)."""
         started = self._clock()
         try:
+            request, pool = self._resolve(exchange, body)
+            tokens = estimate_tokens(request.prompt_text) + (
+                request.max_output_tokens or exchange.snapshot.policy.limits.default_output_tokens)
+            policy = exchange.snapshot.policy
+            admission = admit_request(exchange.tenant, policy.tiers[exchange.tenant.tier], pool.model,
+                                      exchange.request_id, self._wall_clock(), tokens, policy.limits)
+            if admission is not None:
+                exchange.admission = admission
+                exchange.body = body
+                return Admission(admission)
             return self._route(exchange, body)
         except ApiError as error:
             return self._reject(exchange, error)
         finally:
             self._metrics.decision_seconds.observe(self._clock() - started)
 
-    def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
-        """Decide; with `explain` the decision is only described: no lease, no learning, no counters."""
+    def admitted(self, exchange: Exchange, result: AdmitResult) -> Decision:
+        """Continue after the store answered an Admission."""
+        exchange.limit_states = result.states
+        if not result.admitted or exchange.admission is None:
+            self._metrics.rate_limited.labels(refused_dimension(result.refused_by)).inc()
+            return self._reject(exchange, rate_limited(result.refused_by, result.retry_after_s, result.states))
+        exchange.reservation = reservation(exchange.admission)
+        try:
+            return self._route(exchange, exchange.body)
+        except ApiError as error:
+            return self._reject(exchange, error)
+        finally:
+            exchange.body = b""
+
+    def _resolve(self, exchange: Exchange, body: bytes) -> tuple[InferenceRequest, PoolConfig]:
         if exchange.api is None:  # headers phase already answered; Envoy should not send a body
             raise oai.not_found(exchange.head.path)
+        if exchange.request is not None and exchange.pool:
+            return exchange.request, exchange.snapshot.by_model[exchange.request.model]
         bounds = exchange.snapshot.policy.bounds
         request = parse_request(exchange.api, body, max_bytes=bounds.max_body_bytes, max_depth=bounds.max_json_depth)
         exchange.request = request
         exchange.model = request.model
         pool = exchange.snapshot.by_model.get(request.model)
-        if pool is None:
+        if pool is None or not exchange.tenant.may_use(request.model):
             raise oai.model_not_found(request.model)
         exchange.pool = pool.name
+        return request, pool
+
+    def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
+        """Decide; with `explain` the decision is only described: no lease, no learning, no counters."""
+        request, pool = self._resolve(exchange, body)
         state = self._registry.pool(pool.name)
         sequence = self._sequence + 1
         scheduling = self.scheduling_request(exchange, request, sequence)
@@ -164,14 +225,26 @@ class Gateway:
         addresses = tuple(ep.address for ep in picked)
         envoy = exchange.snapshot.policy.envoy
         rewrite = request.model != pool.model and request.model not in pool.lora_adapters
-        new_body = rewrite_model(request.document, pool.model) if rewrite else None
+        # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata.
+        want_usage = request.stream and not request.include_usage and exchange.reservation is not None
+        new_body = rewrite_body(request.document, pool.model if rewrite else None, want_usage) if (
+            rewrite or want_usage) else None
         headers: list[tuple[str, str]] = [
             (envoy.cluster_header, pool.name),
             (envoy.endpoint_header, ",".join(addresses)),
         ]
         if new_body is not None:
             headers.append(("content-length", str(len(new_body))))
-        return Route(pool.name, addresses, tuple(headers), new_body)
+        return Route(pool.name, addresses, tuple(headers), new_body, self._route_metadata(exchange))
+
+    def _route_metadata(self, exchange: Exchange) -> dict[str, Any]:
+        """Carried in Envoy's dynamic metadata to the access log, where any replica can settle usage."""
+        meta: dict[str, Any] = {"tenant": exchange.tenant.name, "pool": exchange.pool,
+                                "request_id": exchange.request_id}
+        held = exchange.reservation
+        if held is not None:
+            meta["reservation"] = encode_reservation(held)
+        return meta
 
     def explain(self, head: RequestHead, body: bytes) -> dict[str, Any]:
         """The decision this request would get now, with every endpoint's scores; nothing is sent or kept."""
@@ -199,7 +272,8 @@ class Gateway:
         return error_response(error)
 
     # -- outcome --------------------------------------------------------------------------------
-    def response_headers(self, exchange: Exchange, status: int) -> None:
+    def response_headers(self, exchange: Exchange, status: int) -> tuple[tuple[str, str], ...]:
+        """Record the status; returns headers to add to the response (x-ratelimit-*)."""
         exchange.status = status
         if exchange.pool:
             self._metrics.upstream_status.labels(exchange.pool, f"{status // 100}xx").inc()
@@ -209,11 +283,15 @@ class Gateway:
             previous = endpoint.latency_ewma_s
             endpoint.latency_ewma_s = sample if previous is None else (
                 previous + _LATENCY_EWMA_ALPHA * (sample - previous))
+        return ratelimit_headers(exchange.limit_states) if exchange.limit_states else ()
 
-    def finish(self, exchange: Exchange) -> None:
-        """End of the exchange (normal end, client disconnect or reset): release everything once."""
+    def finish(self, exchange: Exchange) -> Reservation | None:
+        """End of the exchange (normal end, client disconnect or reset): release everything once.
+
+        Returns the reservation whose concurrency leases the server must release in the store.
+        """
         if exchange.finished:
-            return
+            return None
         exchange.finished = True
         for lease in exchange.leases:
             lease.release()
@@ -222,3 +300,4 @@ class Gateway:
             self._metrics.duration_seconds.labels(exchange.pool).observe(self._clock() - exchange.routed_at)
         model = exchange.model if exchange.model in exchange.snapshot.by_model else "unknown"
         self._metrics.requests.labels(model, exchange.pool or "none", exchange.outcome).inc()
+        return exchange.reservation

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 Headers = tuple[tuple[str, str], ...]
 
@@ -28,6 +29,8 @@ class Route:
     endpoints: tuple[str, ...]
     set_headers: Headers
     body: bytes | None = None
+    # Envoy dynamic metadata (namespace `extproc`), delivered back with the access log entry.
+    metadata: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -150,9 +150,15 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int) -> I
     )
 
 
-def rewrite_model(document: dict[str, Any], model: str) -> bytes:
-    """Serialise the body with `model` replaced (alias -> served name)."""
-    return json.dumps({**document, "model": model}, separators=(",", ":"), ensure_ascii=False).encode()
+def rewrite_body(document: dict[str, Any], model: str | None, include_usage: bool = False) -> bytes:
+    """Serialise the body with `model` replaced (alias -> served name) and/or usage requested in streams."""
+    updated = dict(document)
+    if model is not None:
+        updated["model"] = model
+    if include_usage:
+        options = updated.get("stream_options")
+        updated["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
+    return json.dumps(updated, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "parse_request", "rewrite_model"]
+__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "parse_request", "rewrite_body"]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import grpc
 from aiohttp import web
+from envoy.service.accesslog.v3 import als_pb2_grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
@@ -18,8 +19,13 @@ from prometheus_client import CollectorRegistry
 from extproc.config import Policy, load_policy
 from extproc.endpoints import EndpointRegistry, MetricsScraper
 from extproc.gateway import Gateway, SnapshotHolder
+from extproc.gateway.auth import Authenticator
+from extproc.limits.types import Store
+from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
+from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.processor import ExternalProcessorService
+from extproc.server.stores import build_store
 from extproc.telemetry import GatewayMetrics
 
 log = logging.getLogger(__name__)
@@ -45,6 +51,9 @@ class Service:
     health: HealthServicer
     admin_runner: web.AppRunner
     scraper: MetricsScraper
+    store: Store
+    keys_watcher: KeysWatcher
+    access_log: AccessLogService
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -59,6 +68,7 @@ class Service:
         sockets = self.admin_runner.addresses
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         await self.scraper.start()
+        await self.keys_watcher.start()
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
         log.info("serving ext_proc on %s:%d, admin on %s:%d",
@@ -73,6 +83,8 @@ class Service:
         await self.health.enter_graceful_shutdown()
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
+        await self.keys_watcher.stop()
+        await self.store.close()
         await self.admin_runner.cleanup()
 
 
@@ -81,14 +93,19 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     metrics = GatewayMetrics(registry)
     snapshots = SnapshotHolder(policy)
     endpoints = EndpointRegistry()
-    gateway = Gateway(snapshots, endpoints, metrics)
+    authenticator = Authenticator(load_keys(policy, policy_path))
+    gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator)
+    store = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS)
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway), server)
+    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store), server)
+    access_log = AccessLogService(store, metrics)
+    als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
-                      web.AppRunner(web.Application()), scraper)
+                      web.AppRunner(web.Application()), scraper, store,
+                      KeysWatcher(policy, policy_path, authenticator), access_log)
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, endpoints, snapshots, service.ready, gateway), access_log=None
     )

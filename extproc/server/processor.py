@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,11 +12,15 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
-from extproc.gateway import Exchange, Gateway, Respond, Route, error_response
+from extproc.gateway import Admission, Decision, Exchange, Gateway, Respond, Route, error_response
+from extproc.limits.types import Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
 
 log = logging.getLogger(__name__)
+
+_INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "server_error").body(),
+                          (("content-type", "application/json"),), "internal_error")
 
 
 class StreamProcessor:
@@ -27,7 +32,7 @@ class StreamProcessor:
         self.gateway = gateway
         self.exchange: Exchange | None = None
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | None:
+    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Admission | None:
         phase = message.WhichOneof("request")
         if phase == "request_headers":
             exchange, reply = self.gateway.request_headers(protocol.request_head(message.request_headers))
@@ -37,19 +42,20 @@ class StreamProcessor:
             if self.exchange is None:
                 return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
             decision = self.gateway.request_body(self.exchange, message.request_body.body)
-            if isinstance(decision, Route):
-                return protocol.route_response(decision)
-            return protocol.immediate_response(decision)
+            return decision if isinstance(decision, Admission) else self.respond(decision)
         if phase == "response_headers":
-            if self.exchange is not None:
-                self.gateway.response_headers(self.exchange, protocol.response_status(message.response_headers))
-            return protocol.CONTINUE_RESPONSE_HEADERS
+            if self.exchange is None:
+                return protocol.CONTINUE_RESPONSE_HEADERS
+            status = protocol.response_status(message.response_headers)
+            return protocol.response_headers_response(self.gateway.response_headers(self.exchange, status))
         # Trailers/bodies arrive only if Envoy is configured to send them; answer so Envoy never waits.
         return _continue_for(phase)
 
-    def close(self) -> None:
-        if self.exchange is not None:
-            self.gateway.finish(self.exchange)
+    @staticmethod
+    def respond(decision: Decision) -> ext_pb.ProcessingResponse:
+        if isinstance(decision, Route):
+            return protocol.route_response(decision)
+        return protocol.immediate_response(decision)
 
 
 def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
@@ -63,8 +69,9 @@ def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
 
 
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, store: Store) -> None:
         self._gateway = gateway
+        self._store = store
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
@@ -78,14 +85,21 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                     return
                 try:
                     response = stream.handle(message)
+                    if isinstance(response, Admission) and stream.exchange is not None:
+                        # The only await on the request path: one store round trip, bounded by its deadline.
+                        result = await self._store.admit(response.request)
+                        response = stream.respond(self._gateway.admitted(stream.exchange, result))
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
-                    response = protocol.immediate_response(
-                        Respond(500, oai.ApiError(500, "internal gateway error", "server_error").body(),
-                                (("content-type", "application/json"),), "internal_error")
-                    )
-                if response is not None:
+                    response = protocol.immediate_response(_INTERNAL_ERROR)
+                if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
-            stream.close()
+            if stream.exchange is not None:
+                held = self._gateway.finish(stream.exchange)
+                if held is not None and held.concurrency:
+                    try:
+                        await self._store.release(held, time.time())
+                    except Exception:  # the lease then expires by its TTL; never fail the stream over it
+                        log.exception("releasing concurrency leases failed")

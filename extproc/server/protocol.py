@@ -8,6 +8,7 @@ from __future__ import annotations
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.type.v3 import http_status_pb2
+from google.protobuf import struct_pb2
 
 from extproc.gateway import RequestHead, Respond, Route
 
@@ -55,6 +56,9 @@ def _set_headers(pairs: tuple[tuple[str, str], ...]) -> list[base_pb2.HeaderValu
     ]
 
 
+METADATA_NAMESPACE = "extproc"
+
+
 def route_response(route: Route) -> ext_pb.ProcessingResponse:
     common = ext_pb.CommonResponse(
         header_mutation=ext_pb.HeaderMutation(set_headers=_set_headers(route.set_headers)),
@@ -62,7 +66,19 @@ def route_response(route: Route) -> ext_pb.ProcessingResponse:
     )
     if route.body is not None:
         common.body_mutation.body = route.body
-    return ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
+    response = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
+    if route.metadata:
+        metadata = struct_pb2.Struct()
+        metadata.update({METADATA_NAMESPACE: dict(route.metadata)})
+        response.dynamic_metadata.CopyFrom(metadata)
+    return response
+
+
+def response_headers_response(add: tuple[tuple[str, str], ...]) -> ext_pb.ProcessingResponse:
+    if not add:
+        return CONTINUE_RESPONSE_HEADERS
+    common = ext_pb.CommonResponse(header_mutation=ext_pb.HeaderMutation(set_headers=_set_headers(add)))
+    return ext_pb.ProcessingResponse(response_headers=ext_pb.HeadersResponse(response=common))
 
 
 def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:

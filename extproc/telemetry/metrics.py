@@ -32,6 +32,21 @@ class GatewayMetrics:
             "extproc_scheduler_plugin_seconds", "Time spent in each scheduling plugin", ["plugin"],
             buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.005), registry=registry,
         )
+        self.rate_limited = Counter(
+            "extproc_rate_limited", "Requests refused by a limit, by dimension", ["limit"], registry=registry
+        )
+        self.usage_tokens = Counter(
+            "extproc_usage_tokens", "Tokens reported by upstream usage, per pool and kind", ["pool", "kind"],
+            registry=registry,
+        )
+        self.usage_missing = Counter(
+            "extproc_usage_missing", "Finished requests without usage (charged the estimate), per pool", ["pool"],
+            registry=registry,
+        )
+        self.store_failures = Counter(
+            "extproc_limits_store_failures", "Limit store calls that failed or missed their deadline", ["op"],
+            registry=registry,
+        )
         self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
         self.config_loads = Counter(
             "extproc_config_loads", "Policy loads by result", ["result"], registry=registry

@@ -84,9 +84,68 @@ def _local_reply_config() -> dict[str, Any]:
     return {"mappers": mappers}
 
 
+USAGE_NAMESPACE = "extproc.usage"
+
+
+def _usage_rules() -> list[dict[str, Any]]:
+    """usage.prompt_tokens / usage.completion_tokens -> dynamic metadata `extproc.usage`."""
+    return [
+        {"selectors": [{"key": "usage"}, {"key": key}],
+         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": key, "type": "NUMBER"}}
+        for key in ("prompt_tokens", "completion_tokens")
+    ]
+
+
+def _usage_filters() -> list[dict[str, Any]]:
+    """Envoy-native usage extraction: no response byte passes through Python."""
+    return [
+        {
+            "name": "envoy.filters.http.json_to_metadata",
+            "typed_config": {
+                "@type": _T + "extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
+                "response_rules": {"rules": _usage_rules(), "allow_content_types": ["application/json"]},
+            },
+        },
+        {
+            # Work in progress upstream (Envoy 1.40): if absent, streamed usage is charged as estimated.
+            "name": "envoy.filters.http.sse_to_metadata",
+            "typed_config": {
+                "@type": _T + "extensions.filters.http.sse_to_metadata.v3.SseToMetadata",
+                "response_rules": {"content_parser": {
+                    "name": "envoy.content_parsers.json",
+                    "typed_config": {
+                        "@type": _T + "extensions.content_parsers.json.v3.JsonContentParser",
+                        "rules": [{"rule": rule} for rule in _usage_rules()],
+                    },
+                }},
+            },
+        },
+    ]
+
+
+def access_log(policy: Policy) -> list[dict[str, Any]]:
+    """gRPC access log to our service: final status, upstream host, usage and our reservation."""
+    return [{
+        "name": "envoy.access_loggers.http_grpc",
+        "typed_config": {
+            "@type": _T + "extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": "extproc",
+                "transport_api_version": "V3",
+                "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
+                "buffer_flush_interval": "0.1s",
+                "buffer_size_bytes": 16384,
+            },
+        },
+    }]
+
+
 def http_filters(policy: Policy) -> list[dict[str, Any]]:
     envoy = policy.envoy
-    strip = [{"remove": name} for name in (envoy.cluster_header, envoy.endpoint_header)]
+    stripped = [envoy.cluster_header, envoy.endpoint_header]
+    if policy.auth.mode != "trusted-header":  # only a trusted upstream authenticator may set these
+        stripped += [policy.auth.tenant_header, policy.auth.tier_header]
+    strip = [{"remove": name} for name in stripped]
     return [
         {
             "name": "envoy.filters.http.header_mutation",
@@ -112,6 +171,7 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 },
             },
         },
+        *_usage_filters(),
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": _T + "extensions.filters.http.router.v3.Router"}},
     ]
@@ -159,6 +219,7 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "stream_idle_timeout": _seconds(envoy.stream_idle_timeout_s),
         "request_timeout": "0s",
         "local_reply_config": _local_reply_config(),
+        "access_log": access_log(policy),
         "http_filters": http_filters(policy),
         **rds,
     }

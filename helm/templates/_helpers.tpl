@@ -67,6 +67,9 @@ The policy file as the service reads it: .Values.policy plus what a pod needs.
   mode, Envoy reach the pod by its IP); a loopback value is refused where it cannot work.
 - standalone: Envoy runs in the same pod, so its ext_proc cluster defaults to 127.0.0.1:<grpc_port> and
   its listener to 0.0.0.0.
+- a Redis from the chart (redis.enabled / url / existingSecret, as EXTPROC_REDIS_URL) makes limits.store
+  default to redis; limits.store redis with no URL anywhere is refused.
+- a tenants Secret makes auth.keys_file default to <tenants.mountPath>/<tenants.keysFile>.
 Defaults below are the policy schema's (extproc/config/schema.py); tests/helm checks they agree.
 */}}
 {{- define "extproc.policy" -}}
@@ -90,7 +93,32 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- $_ := set $envoy "listen_host" (get $envoy "listen_host" | default "0.0.0.0") -}}
 {{- $_ := set $policy "envoy" $envoy -}}
 {{- end -}}
+{{- $limits := get $policy "limits" | default dict -}}
+{{- $redisConfigured := or .Values.redis.enabled .Values.redis.url .Values.redis.existingSecret -}}
+{{- if and $redisConfigured (not (get $limits "store")) -}}
+{{- $_ := set $limits "store" "redis" -}}
+{{- $_ := set $policy "limits" $limits -}}
+{{- end -}}
+{{- if and (eq (get $limits "store" | default "memory") "redis") (not $redisConfigured) (not (get $limits "redis_url")) -}}
+{{- fail "policy.limits.store is redis but no Redis is configured: set redis.enabled, redis.url, redis.existingSecret or policy.limits.redis_url" -}}
+{{- end -}}
+{{- if include "extproc.tenantsSecret" . -}}
+{{- $auth := get $policy "auth" | default dict -}}
+{{- if not (get $auth "keys_file") -}}
+{{- $_ := set $auth "keys_file" (printf "%s/%s" (trimSuffix "/" .Values.tenants.mountPath) .Values.tenants.keysFile) -}}
+{{- $_ := set $policy "auth" $auth -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml $policy -}}
+{{- end -}}
+
+{{/* Name of the Secret mounted at tenants.mountPath ("" = none). */}}
+{{- define "extproc.tenantsSecret" -}}
+{{- if .Values.tenants.existingSecret -}}
+{{- .Values.tenants.existingSecret -}}
+{{- else if .Values.tenants.data -}}
+{{- printf "%s-tenants" (include "extproc.fullname" .) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Settings read from the effective policy, with the schema's defaults. */}}

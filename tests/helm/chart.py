@@ -11,6 +11,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -28,6 +29,14 @@ def find_helm() -> str | None:
         if candidate.is_file():
             return str(candidate)
     return shutil.which("helm")
+
+
+def require_chart() -> Chart:
+    """The real helm binary is required: a missing one fails the tests instead of skipping them."""
+    helm = find_helm()
+    if helm is None:
+        pytest.fail(f"helm binary not found (.venv/bin/helm or PATH): {INSTALL_HINT}", pytrace=False)
+    return Chart(helm)
 
 
 class HelmError(Exception):
@@ -100,6 +109,38 @@ def http_filter_patch(objects: list[dict[str, Any]], filter_name: str) -> dict[s
     found = [p for p in config_patches(objects, "HTTP_FILTER") if p["patch"]["value"]["name"] == filter_name]
     assert len(found) == 1, f"expected one HTTP_FILTER patch adding {filter_name}"
     return found[0]
+
+
+ROUTER = "envoy.filters.http.router"
+
+
+def istio_filter_chain(objects: list[dict[str, Any]], local_cluster: str) -> list[dict[str, Any]]:
+    """Apply the EnvoyFilter's HTTP_FILTER patches, in order, to a chain holding only the router, as Istio
+    does: INSERT_BEFORE goes in front of the first filter named by subFilter; a missing anchor skips the
+    patch. The ext_proc cluster is renamed to `local_cluster` to compare with the renderer."""
+    chain: list[dict[str, Any]] = [{"name": ROUTER, "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
+    for patch in config_patches(objects, "HTTP_FILTER"):
+        assert patch["patch"]["operation"] == "INSERT_BEFORE"
+        anchor = patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"]
+        names = [f["name"] for f in chain]
+        if anchor in names:
+            chain.insert(names.index(anchor), json.loads(json.dumps(patch["patch"]["value"])))
+    for item in chain:
+        service = item["typed_config"].get("grpc_service")
+        if service is not None:
+            service["envoy_grpc"]["cluster_name"] = local_cluster
+    return chain
+
+
+def access_logs(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    merged: list[dict[str, Any]] = []
+    for patch in config_patches(objects, "NETWORK_FILTER"):
+        assert patch["patch"]["operation"] == "MERGE"
+        assert patch["match"]["listener"]["filterChain"]["filter"]["name"] == \
+            "envoy.filters.network.http_connection_manager"
+        merged += patch["patch"]["value"]["typed_config"].get("access_log", [])
+    return merged
 
 
 def chart_values() -> dict[str, Any]:

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from extproc.openai import Api, ApiError, api_for_path, estimate_tokens, parse_request, rewrite_model
+from extproc.openai import Api, ApiError, api_for_path, estimate_tokens, parse_request, rewrite_body
 
 
 def parse(api: Api, body: bytes | dict[str, object], max_bytes: int = 1 << 20, max_depth: int = 8):  # type: ignore[no-untyped-def]
@@ -86,9 +86,11 @@ def test_stream_not_allowed_for_embeddings() -> None:
         parse(Api.EMBEDDINGS, {"model": "m", "input": "x", "stream": True})
 
 
-def test_rewrite_model_keeps_other_fields() -> None:
-    out = json.loads(rewrite_model({"model": "alias", "prompt": "héllo", "n": 2}, "served"))
+def test_rewrite_body_keeps_other_fields() -> None:
+    out = json.loads(rewrite_body({"model": "alias", "prompt": "héllo", "n": 2}, "served"))
     assert out == {"model": "served", "prompt": "héllo", "n": 2}
+    streamed = json.loads(rewrite_body({"model": "m", "stream": True, "stream_options": {"x": 1}}, None, True))
+    assert streamed == {"model": "m", "stream": True, "stream_options": {"x": 1, "include_usage": True}}
 
 
 def test_estimate_tokens() -> None:

@@ -1,24 +1,44 @@
+"""The ext_proc servicer driven message by message through a fake gRPC context (no network)."""
+
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
+from grpc.aio import EOF  # type: ignore[attr-defined]
 from prometheus_client import CollectorRegistry
 
 from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
-from extproc.gateway import Gateway, SnapshotHolder
-from extproc.server.processor import StreamProcessor
+from extproc.gateway import Admission, Gateway, SnapshotHolder
+from extproc.limits.memory import MemoryStore
+from extproc.server.processor import ExternalProcessorService
+from extproc.server.protocol import request_head
 from extproc.telemetry import GatewayMetrics
 
 POLICY = """\
+tiers:
+  default: {limits: {concurrency: 1, tokens_per_min: 100000}}
 pools:
   - name: chat
     model: org/chat
     aliases: [chat]
     endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"]
 """
+
+
+class FakeContext:
+    def __init__(self, messages: list[ext_pb.ProcessingRequest]) -> None:
+        self.inbox = list(messages)
+        self.written: list[ext_pb.ProcessingResponse] = []
+
+    async def read(self) -> Any:
+        return self.inbox.pop(0) if self.inbox else EOF
+
+    async def write(self, message: ext_pb.ProcessingResponse) -> None:
+        self.written.append(message)
 
 
 def headers_message(pairs: dict[str, str], end_of_stream: bool = False) -> ext_pb.ProcessingRequest:
@@ -31,57 +51,89 @@ def body_message(body: bytes) -> ext_pb.ProcessingRequest:
     return ext_pb.ProcessingRequest(request_body=ext_pb.HttpBody(body=body, end_of_stream=True))
 
 
-def make() -> tuple[StreamProcessor, EndpointRegistry]:
+def status_message(code: int) -> ext_pb.ProcessingRequest:
+    return ext_pb.ProcessingRequest(response_headers=ext_pb.HttpHeaders(headers=base_pb2.HeaderMap(
+        headers=[base_pb2.HeaderValue(key=":status", raw_value=str(code).encode())])))
+
+
+def make(policy: str = POLICY) -> tuple[ExternalProcessorService, EndpointRegistry, MemoryStore]:
     registry = EndpointRegistry()
-    gateway = Gateway(SnapshotHolder(parse_policy(POLICY)), registry, GatewayMetrics(CollectorRegistry()))
-    return StreamProcessor(gateway), registry
+    gateway = Gateway(SnapshotHolder(parse_policy(policy)), registry, GatewayMetrics(CollectorRegistry()))
+    store = MemoryStore()
+    return ExternalProcessorService(gateway, store), registry, store
 
 
-def set_headers(common: ext_pb.CommonResponse) -> dict[str, str]:
-    return {h.header.key: h.header.raw_value.decode() for h in common.header_mutation.set_headers}
+def set_headers(mutation: ext_pb.HeaderMutation) -> dict[str, str]:
+    return {h.header.key: h.header.raw_value.decode() for h in mutation.set_headers}
 
 
-def test_full_exchange_sets_headers_rewrites_body_and_releases() -> None:
-    processor, registry = make()
-    first = processor.handle(headers_message({":method": "POST", ":path": "/v1/chat/completions"}))
-    assert first is not None and first.WhichOneof("response") == "request_headers"
-    body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "x"}]}).encode()
-    second = processor.handle(body_message(body))
-    assert second is not None and second.WhichOneof("response") == "request_body"
+CHAT = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "x"}], "max_tokens": 5}).encode()
+HEAD = {":method": "POST", ":path": "/v1/chat/completions", "x-request-id": "r1"}
+
+
+async def run(service: ExternalProcessorService, messages: list[ext_pb.ProcessingRequest]) -> FakeContext:
+    context = FakeContext(messages)
+    await service.Process(None, context)  # type: ignore[arg-type]
+    return context
+
+
+async def test_full_exchange_routes_rewrites_and_adds_ratelimit_headers() -> None:
+    service, registry, _ = make()
+    context = await run(service, [headers_message(HEAD), body_message(CHAT), status_message(200)])
+    first, second, third = context.written
+    assert first.WhichOneof("response") == "request_headers"
     common = second.request_body.response
     assert common.clear_route_cache
-    headers = set_headers(common)
+    headers = set_headers(common.header_mutation)
     assert headers["x-gateway-pool"] == "chat"
     assert headers["x-gateway-destination-endpoint"].split(",")[0] in {"10.0.0.1:8000", "10.0.0.2:8000"}
     assert json.loads(common.body_mutation.body)["model"] == "org/chat"
     assert headers["content-length"] == str(len(common.body_mutation.body))
-    assert registry.total_in_flight() == 1
-    status = ext_pb.ProcessingRequest(response_headers=ext_pb.HttpHeaders(headers=base_pb2.HeaderMap(
-        headers=[base_pb2.HeaderValue(key=":status", raw_value=b"200")])))
-    third = processor.handle(status)
-    assert third is not None and third.WhichOneof("response") == "response_headers"
-    processor.close()
-    assert registry.total_in_flight() == 0
+    metadata = second.dynamic_metadata.fields["extproc"].struct_value.fields
+    assert metadata["tenant"].string_value == "anonymous" and metadata["reservation"].string_value
+    added = set_headers(third.response_headers.response.header_mutation)
+    assert added["x-ratelimit-limit-tokens"] == "100000"
+    assert registry.total_in_flight() == 0  # the stream ended: lease released
 
 
-def test_error_becomes_immediate_response_with_openai_body() -> None:
-    processor, registry = make()
-    processor.handle(headers_message({":method": "POST", ":path": "/v1/completions"}))
-    reply = processor.handle(body_message(b'{"model": "missing", "prompt": "x"}'))
-    assert reply is not None and reply.WhichOneof("response") == "immediate_response"
-    immediate = reply.immediate_response
+async def test_concurrency_lease_is_held_for_the_stream_and_released_after() -> None:
+    service, _, store = make()
+    # One stream still open (no EOF yet) holds the only concurrency slot ...
+    gateway = service._gateway
+    exchange, _ = gateway.request_headers(request_head(headers_message(HEAD).request_headers))
+    admission = gateway.request_body(exchange, CHAT)
+    assert isinstance(admission, Admission)
+    result = await store.admit(admission.request)
+    assert result.admitted
+    assert gateway.admitted(exchange, result).pool == "chat"  # type: ignore[union-attr]
+    # ... so a second exchange is refused with 429 and OpenAI-style headers.
+    context = await run(service, [headers_message({**HEAD, "x-request-id": "r2"}), body_message(CHAT)])
+    refused = context.written[1].immediate_response
+    assert refused.status.code == 429
+    assert json.loads(refused.body)["error"]["code"] == "rate_limit_exceeded"
+    assert "retry-after" in set_headers(refused.headers)
+    # Releasing the first frees the slot for the next request.
+    held = gateway.finish(exchange)
+    assert held is not None
+    await store.release(held, 0.0)
+    context = await run(service, [headers_message({**HEAD, "x-request-id": "r3"}), body_message(CHAT)])
+    assert context.written[1].WhichOneof("response") == "request_body"
+
+
+async def test_error_becomes_immediate_response_with_openai_body() -> None:
+    service, registry, _ = make()
+    context = await run(service, [headers_message({":method": "POST", ":path": "/v1/completions"}),
+                                  body_message(b'{"model": "missing", "prompt": "x"}')])
+    immediate = context.written[1].immediate_response
     assert immediate.status.code == 404
     assert json.loads(immediate.body)["error"]["code"] == "model_not_found"
-    content_type = {h.header.key: h.header.raw_value for h in immediate.headers.set_headers}["content-type"]
-    assert content_type == b"application/json"
-    processor.close()
+    assert set_headers(immediate.headers)["content-type"] == "application/json"
     assert registry.total_in_flight() == 0
 
 
-def test_body_without_headers_and_unrequested_phases_are_answered() -> None:
-    processor, _ = make()
-    reply = processor.handle(body_message(b"{}"))
-    assert reply is not None and reply.immediate_response.status.code == 400
-    trailers = processor.handle(ext_pb.ProcessingRequest(response_trailers=ext_pb.HttpTrailers()))
-    assert trailers is not None and trailers.WhichOneof("response") == "response_trailers"
-    processor.close()  # no exchange: nothing to release, must not raise
+async def test_body_without_headers_and_unrequested_phases_are_answered() -> None:
+    service, _, _ = make()
+    context = await run(service, [body_message(b"{}"),
+                                  ext_pb.ProcessingRequest(response_trailers=ext_pb.HttpTrailers())])
+    assert context.written[0].immediate_response.status.code == 400
+    assert context.written[1].WhichOneof("response") == "response_trailers"

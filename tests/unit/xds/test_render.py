@@ -43,9 +43,13 @@ def test_filter_chain_order_and_processing_mode() -> None:
     assert listener["per_connection_buffer_limit_bytes"] > 100000
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     names = [f["name"] for f in hcm["http_filters"]]
-    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc", "envoy.filters.http.router"]
+    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc",
+                     "envoy.filters.http.json_to_metadata", "envoy.filters.http.sse_to_metadata",
+                     "envoy.filters.http.router"]
     removed = [m["remove"] for m in hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]]
-    assert removed == ["x-pool", "x-dest"]
+    assert removed == ["x-pool", "x-dest", "x-tenant-id", "x-tenant-tier"]
+    assert hcm["access_log"][0]["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
+        "extproc")
     ext_proc = hcm["http_filters"][1]["typed_config"]
     assert ext_proc["processing_mode"]["request_header_mode"] == "SEND"
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"

@@ -1,0 +1,115 @@
+"""Admission: which limits apply to a request, and how their state becomes response headers.
+
+Every key carries the tenant in a `{...}` hash tag so one Lua call touches one Redis Cluster slot.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from extproc.config.schema import LimitsConfig, TierConfig, TierLimits
+from extproc.limits.types import AdmitRequest, ConcurrencyLimit, LimitState, RateLimit, Reservation, TokenBudget
+from extproc.openai.errors import ApiError
+from extproc.tenants import Tenant
+
+_MINUTE, _DAY = 60, 86_400
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """Returned by the pipeline when the store must be asked before routing continues."""
+
+    request: AdmitRequest
+
+
+def _scope(prefix: str, limits: TierLimits, lease_ttl_s: float) -> tuple[
+        list[RateLimit], list[ConcurrencyLimit], list[TokenBudget]]:
+    rates, concurrency, budgets = [], [], []
+    if limits.requests_per_s is not None:
+        burst = limits.burst if limits.burst is not None else max(1.0, 2.0 * limits.requests_per_s)
+        rates.append(RateLimit(f"{prefix}:rps", limits.requests_per_s, burst))
+    if limits.concurrency is not None:
+        concurrency.append(ConcurrencyLimit(f"{prefix}:cc", limits.concurrency, lease_ttl_s))
+    if limits.tokens_per_min is not None:
+        budgets.append(TokenBudget(f"{prefix}:tpm", limits.tokens_per_min, _MINUTE))
+    if limits.tokens_per_day is not None:
+        budgets.append(TokenBudget(f"{prefix}:tpd", limits.tokens_per_day, _DAY))
+    return rates, concurrency, budgets
+
+
+def admit_request(tenant: Tenant, tier: TierConfig, model: str, request_id: str, now: float, tokens: int,
+                  config: LimitsConfig) -> AdmitRequest | None:
+    """The checks for `tenant` on `model` (served name); None when no limit applies."""
+    tag = "{" + tenant.name.replace("}", "_") + "}"
+    rates: list[RateLimit] = []
+    concurrency: list[ConcurrencyLimit] = []
+    budgets: list[TokenBudget] = []
+    for prefix, limits in ((f"{tag}:all", tenant.limits or tier.limits),
+                           (f"{tag}:m:{model}", tenant.model_limits or tier.model_limits)):
+        r, c, b = _scope(prefix, limits, config.lease_ttl_s)
+        rates += r
+        concurrency += c
+        budgets += b
+    if not (rates or concurrency or budgets):
+        return None
+    return AdmitRequest(request_id, now, tokens, tuple(rates), tuple(concurrency), tuple(budgets))
+
+
+def reservation(request: AdmitRequest) -> Reservation:
+    return Reservation(request.request_id, request.tokens, request.concurrency, request.budgets, request.now)
+
+
+def _duration(seconds: float) -> str:
+    """OpenAI's x-ratelimit-reset-* format: 1s, 6m0s, 1h2m3s, 120ms."""
+    if seconds < 1:
+        return f"{max(0, math.ceil(seconds * 1000))}ms"
+    total = math.ceil(seconds)
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes}m{secs}s"
+    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+
+
+def ratelimit_headers(states: Iterable[LimitState]) -> tuple[tuple[str, str], ...]:
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the tightest state of each kind."""
+    tightest: dict[str, LimitState] = {}
+    for state in states:
+        kind = "requests" if state.name in ("requests", "concurrency") else "tokens"
+        if state.name == "concurrency":
+            continue  # not an OpenAI header; requests/s is what clients pace themselves by
+        current = tightest.get(kind)
+        if current is None or state.remaining < current.remaining:
+            tightest[kind] = state
+    headers: list[tuple[str, str]] = []
+    for kind, state in sorted(tightest.items()):
+        headers += [
+            (f"x-ratelimit-limit-{kind}", str(int(state.limit))),
+            (f"x-ratelimit-remaining-{kind}", str(max(0, int(state.remaining)))),
+            (f"x-ratelimit-reset-{kind}", _duration(state.reset_s)),
+        ]
+    return tuple(headers)
+
+
+def refused_dimension(refused_by: str | None) -> str:
+    """The bounded part of a store's `refused_by` ("<dimension>:<key>[:too-large]")."""
+    return (refused_by or "unknown").split(":", 1)[0]
+
+
+def rate_limited(refused_by: str | None, retry_after_s: float, states: Iterable[LimitState]) -> ApiError:
+    seconds = max(1, math.ceil(retry_after_s)) if math.isfinite(retry_after_s) else 60
+    dimension = refused_dimension(refused_by)
+    what = {"requests": "requests per second", "concurrency": "concurrent requests",
+            "tokens": "tokens per minute", "tokens-day": "tokens per day"}.get(dimension, dimension)
+    if refused_by is not None and refused_by.endswith(":too-large"):
+        return ApiError(429, f"Request too large for {what}: it needs more tokens than the whole limit; "
+                             "lower max_tokens or the prompt", "rate_limit_exceeded", "request_too_large_for_limit")
+    if dimension == "store_unavailable":
+        return ApiError(503, "Rate limiting is temporarily unavailable; retry later", "server_error",
+                        "limits_unavailable", headers=(("retry-after", str(seconds)),))
+    return ApiError(
+        429, f"Rate limit reached for {what}; retry after {seconds}s", "rate_limit_exceeded", "rate_limit_exceeded",
+        headers=(("retry-after", str(seconds)), *ratelimit_headers(states)),
+    )

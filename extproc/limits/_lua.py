@@ -1,0 +1,134 @@
+"""Lua scripts of `RedisStore` (kept in Python so the wheel carries them without package-data rules).
+
+ADMIT mirrors `_rules`: the same bucket refill, lease count and sliding-window estimate, the same
+comparisons, so its decision equals `MemoryStore`'s. Floats cross the boundary as strings: Python's
+repr and Lua's "%.17g" both round-trip a double exactly (a bare Lua number reply would be truncated
+to an integer by Redis).
+
+ADMIT
+  KEYS: bucket per rate, lease set per concurrency limit, (current, previous) window per budget,
+        then the pending-reservation marker when there are budgets.
+  ARGV: now, tokens, request_id, n_rates, n_conc, n_budgets, epsilon,
+        per rate (rate, burst, ttl_ms), per concurrency limit (limit, lease_ttl_s, ttl_ms),
+        per budget (limit, window_s, index, ttl_ms), then marker_ttl_ms.
+  Reply: admitted, per rate level, per concurrency limit (ok, live, earliest or ""),
+         per budget (previous, current).
+
+SETTLE
+  KEYS: marker, then the charged window of each budget still counting.
+  ARGV: actual tokens, then ttl_ms per window (used only if the window key has to be recreated).
+  Reply: 1 if applied, 0 if there was no pending reservation.
+"""
+
+from __future__ import annotations
+
+__all__ = ["ADMIT", "SETTLE"]
+
+ADMIT = r"""
+local now = tonumber(ARGV[1])
+local tokens = tonumber(ARGV[2])
+local rid = ARGV[3]
+local nr, nc, nb = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+local eps = tonumber(ARGV[7])
+local function fmt(x) return string.format('%.17g', x) end
+
+local ok = true
+local a = 8
+local levels, stamps = {}, {}
+for i = 1, nr do
+  local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
+  a = a + 3
+  local held = redis.call('HMGET', KEYS[i], 't', 's')
+  local level, stamp = burst, now
+  if held[1] then
+    local t, s = tonumber(held[1]), tonumber(held[2])
+    if now <= s then
+      level, stamp = t, s
+    else
+      level = math.min(burst, t + (now - s) * rate)
+    end
+  end
+  levels[i], stamps[i] = level, stamp
+  if level < 1 - eps then ok = false end
+end
+
+local leases_ok = {}
+for j = 1, nc do
+  local key = KEYS[nr + j]
+  local limit = tonumber(ARGV[a + 3 * (j - 1)])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[1])
+  local live = redis.call('ZCARD', key)
+  leases_ok[j] = live < limit or redis.call('ZSCORE', key, rid) ~= false
+  if not leases_ok[j] then ok = false end
+end
+local ac = a
+a = a + 3 * nc
+
+local wb = nr + nc
+local windows = {}
+for b = 1, nb do
+  local limit, w, idx = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  a = a + 4
+  local cur = tonumber(redis.call('GET', KEYS[wb + 2 * b - 1]) or '0')
+  local prev = tonumber(redis.call('GET', KEYS[wb + 2 * b]) or '0')
+  windows[b] = {prev, cur}
+  local estimate = prev * (1 - (now - idx * w) / w) + cur
+  if tokens > limit or estimate + tokens > limit + eps then ok = false end
+end
+
+if ok then
+  local ar = 8
+  for i = 1, nr do
+    redis.call('HSET', KEYS[i], 't', fmt(levels[i] - 1), 's', fmt(stamps[i]))
+    redis.call('PEXPIRE', KEYS[i], ARGV[ar + 2])
+    ar = ar + 3
+  end
+  for j = 1, nc do
+    local key = KEYS[nr + j]
+    local o = ac + 3 * (j - 1)
+    redis.call('ZADD', key, fmt(now + tonumber(ARGV[o + 1])), rid)
+    if redis.call('PTTL', key) < tonumber(ARGV[o + 2]) then redis.call('PEXPIRE', key, ARGV[o + 2]) end
+  end
+  local ab = ac + 3 * nc
+  for b = 1, nb do
+    local key = KEYS[wb + 2 * b - 1]
+    redis.call('INCRBY', key, tokens)
+    redis.call('PEXPIRE', key, ARGV[ab + 4 * (b - 1) + 3])
+  end
+  if nb > 0 then
+    redis.call('SET', KEYS[wb + 2 * nb + 1], ARGV[2], 'PX', ARGV[a])
+  end
+end
+
+local reply = {ok and 1 or 0}
+for i = 1, nr do reply[#reply + 1] = fmt(levels[i]) end
+for j = 1, nc do
+  local key = KEYS[nr + j]
+  reply[#reply + 1] = leases_ok[j] and 1 or 0
+  reply[#reply + 1] = redis.call('ZCARD', key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  reply[#reply + 1] = first[2] or ''
+end
+for b = 1, nb do
+  reply[#reply + 1] = windows[b][1]
+  reply[#reply + 1] = windows[b][2]
+end
+return reply
+"""
+
+SETTLE = r"""
+local reserved = redis.call('GET', KEYS[1])
+if not reserved then return 0 end
+redis.call('DEL', KEYS[1])
+local delta = tonumber(ARGV[1]) - tonumber(reserved)
+for i = 2, #KEYS do
+  local v = tonumber(redis.call('GET', KEYS[i]) or '0') + delta
+  if v < 0 then v = 0 end
+  if redis.call('PTTL', KEYS[i]) > 0 then
+    redis.call('SET', KEYS[i], string.format('%d', v), 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[i], string.format('%d', v), 'PX', ARGV[i])
+  end
+end
+return 1
+"""

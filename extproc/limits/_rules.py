@@ -1,0 +1,237 @@
+"""Rules every `Store` shares, written once so the memory store and the Redis Lua script agree.
+
+The Lua script in `_lua.py` mirrors the arithmetic here operation for operation (IEEE doubles on
+both sides, the same order of operations), and the contract tests run the same cases against both.
+`verdict` turns per-dimension checks into an `AdmitResult` the same way for both stores.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from extproc.limits.types import AdmitRequest, AdmitResult, LimitState
+
+__all__ = [
+    "CONCURRENCY_RETRY_S",
+    "EPSILON",
+    "TOO_LARGE",
+    "Check",
+    "Observed",
+    "bucket_admits",
+    "bucket_level",
+    "bucket_reset_s",
+    "bucket_retry_s",
+    "bucket_ttl_s",
+    "budget_admits",
+    "budget_name",
+    "concurrency_retry_s",
+    "decide",
+    "refused_label",
+    "verdict",
+    "window_estimate",
+    "window_index",
+    "window_retry_s",
+    "window_ttl_s",
+]
+
+# A refused concurrency check retries after this long at most: a lease may be released at any moment.
+CONCURRENCY_RETRY_S = 1.0
+# Comparisons allow this much rounding (in tokens): a request retried exactly after `retry_after_s`
+# must fit although 60 * (1 - 10/60) is 50.00000000000001 in floating point.
+EPSILON = 1e-9
+# Suffix of `refused_by` for a request that asks for more tokens than a budget's whole limit:
+# retrying can never succeed (the gateway may answer 413 rather than 429).
+TOO_LARGE = "too-large"
+
+
+def budget_name(window_s: int) -> str:
+    """The LimitState name of a token budget: "tokens" per minute, "tokens-day" per day, ..."""
+    if window_s == 60:
+        return "tokens"
+    if window_s == 3600:
+        return "tokens-hour"
+    if window_s == 86400:
+        return "tokens-day"
+    return f"tokens-{window_s}s"
+
+
+def refused_label(name: str, key: str, too_large: bool = False) -> str:
+    """`refused_by` is "<dimension name>:<key>", plus ":too-large" when retrying cannot help."""
+    return f"{name}:{key}:{TOO_LARGE}" if too_large else f"{name}:{key}"
+
+
+# --- token bucket -------------------------------------------------------------------------------
+
+
+def bucket_level(tokens: float | None, stamp: float, now: float, rate: float, burst: float) -> tuple[float, float]:
+    """Refilled level and its new time stamp. A missing bucket is full; a clock that went backwards
+    (another replica's `now` slightly behind) refills nothing rather than draining."""
+    if tokens is None:
+        return burst, now
+    if now <= stamp:
+        return tokens, stamp
+    return min(burst, tokens + (now - stamp) * rate), now
+
+
+def bucket_retry_s(level: float, rate: float) -> float:
+    """Seconds until the bucket holds one whole token."""
+    if bucket_admits(level):
+        return 0.0
+    if rate <= 0.0:
+        return math.inf
+    return (1.0 - level) / rate
+
+
+def bucket_reset_s(level: float, rate: float, burst: float) -> float:
+    """Seconds until the bucket is full again."""
+    if level >= burst:
+        return 0.0
+    if rate <= 0.0:
+        return math.inf
+    return (burst - level) / rate
+
+
+def bucket_ttl_s(rate: float, burst: float) -> float:
+    """How long an idle bucket must be kept: twice its time to refill from empty (at least 1 s).
+    After a full refill a missing bucket and a stored one are the same."""
+    if rate <= 0.0:
+        return 86400.0
+    return max(1.0, 2.0 * burst / rate)
+
+
+# --- concurrency leases -------------------------------------------------------------------------
+
+
+def concurrency_retry_s(earliest_expiry: float | None, now: float) -> float:
+    """Retry after the earliest lease expiry or CONCURRENCY_RETRY_S, whichever comes first."""
+    if earliest_expiry is None:
+        return CONCURRENCY_RETRY_S
+    return max(0.0, min(CONCURRENCY_RETRY_S, earliest_expiry - now))
+
+
+# --- sliding-window token budgets ---------------------------------------------------------------
+
+
+def window_index(now: float, window_s: int) -> int:
+    return math.floor(now / window_s)
+
+
+def window_estimate(previous: float, current: float, now: float, index: int, window_s: int) -> float:
+    """Sliding-window estimate: the previous window weighted by the part of it still inside the
+    sliding window, plus the whole current window."""
+    elapsed = (now - index * window_s) / window_s
+    return previous * (1.0 - elapsed) + current
+
+
+def window_retry_s(previous: float, current: float, tokens: float, limit: float, now: float, index: int,
+                   window_s: int) -> float:
+    """Seconds until `tokens` fit, if nothing else is charged meanwhile; capped at `window_s`.
+
+    Within this window the estimate falls as the previous window slides out. If even an empty
+    previous window leaves no room, the current window becomes the previous one at the boundary
+    and slides out in turn.
+    """
+    start = index * window_s
+    room = limit - current - tokens
+    if room >= 0.0:
+        if previous <= 0.0:
+            return 0.0
+        at = start + window_s * (1.0 - room / previous)
+    else:
+        room_next = limit - tokens
+        if room_next < 0.0:
+            return float(window_s)
+        at = start + window_s + window_s * max(0.0, 1.0 - room_next / current)
+    return min(float(window_s), max(0.0, at - now))
+
+
+def window_ttl_s(index: int, window_s: int, now: float) -> float:
+    """A window matters until the end of the next one; keep it one second longer (<= 2 x window_s + 1)."""
+    return (index + 2) * window_s - now + 1.0
+
+
+# --- the decision -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One dimension of one admission: whether it allowed the request and its state afterwards."""
+
+    name: str
+    key: str
+    limit: float
+    ok: bool
+    too_large: bool
+    retry_s: float  # 0 when ok
+    remaining: float
+    reset_s: float
+
+
+def verdict(checks: Sequence[Check]) -> AdmitResult:
+    """Admitted iff every check is ok. When refused, `refused_by` names a too-large budget if any,
+    else the first refusing check (rates, then concurrency, then budgets, in request order), and
+    `retry_after_s` is the longest wait among the refusing checks (none can succeed sooner)."""
+    states = tuple(LimitState(c.name, c.key, c.limit, max(0.0, c.remaining), max(0.0, c.reset_s)) for c in checks)
+    refusing = [c for c in checks if not c.ok]
+    if not refusing:
+        return AdmitResult(admitted=True, states=states)
+    blocking = next((c for c in refusing if c.too_large), refusing[0])
+    retry = max(c.retry_s for c in refusing)
+    return AdmitResult(admitted=False, refused_by=refused_label(blocking.name, blocking.key, blocking.too_large),
+                       retry_after_s=retry, states=states)
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What a store saw and did for one admission, dimension by dimension (request order)."""
+
+    admitted: bool
+    levels: Sequence[float]  # per rate: bucket level before the decision
+    leases_ok: Sequence[bool]  # per concurrency limit: a lease was free (or already held)
+    leases_live: Sequence[int]  # per concurrency limit: live leases after the decision
+    leases_earliest: Sequence[float | None]  # per concurrency limit: earliest expiry after the decision
+    windows: Sequence[tuple[float, float]]  # per budget: (previous, current) window before the decision
+
+
+def bucket_admits(level: float) -> bool:
+    return level >= 1.0 - EPSILON
+
+
+def budget_admits(previous: float, current: float, tokens: float, limit: float, now: float, index: int,
+                  window_s: int) -> bool:
+    return tokens <= limit and window_estimate(previous, current, now, index, window_s) + tokens <= limit + EPSILON
+
+
+def decide(request: AdmitRequest, seen: Observed) -> AdmitResult:
+    """The AdmitResult of an admission the store has already decided (and applied) as `seen` says.
+    The store's own decision must be: every bucket level >= 1, every lease free, every budget
+    `budget_admits`; this function only explains it."""
+    now, tokens, admitted = request.now, max(0, request.tokens), seen.admitted
+    checks: list[Check] = []
+    for rate, level in zip(request.rates, seen.levels, strict=True):
+        ok = bucket_admits(level)
+        after = level - 1.0 if admitted else level
+        checks.append(Check("requests", rate.key, float(rate.burst), ok, False,
+                            0.0 if ok else bucket_retry_s(level, rate.rate),
+                            float(math.floor(after + EPSILON)), bucket_reset_s(after, rate.rate, rate.burst)))
+    for conc, ok, live, earliest in zip(request.concurrency, seen.leases_ok, seen.leases_live, seen.leases_earliest,
+                                        strict=True):
+        wait = concurrency_retry_s(earliest, now)
+        checks.append(Check("concurrency", conc.key, float(conc.limit), ok, False, 0.0 if ok else wait,
+                            float(conc.limit - live), wait if live else 0.0))
+    for budget, (previous, current) in zip(request.budgets, seen.windows, strict=True):
+        index = window_index(now, budget.window_s)
+        big = tokens > budget.limit
+        ok = budget_admits(previous, current, tokens, budget.limit, now, index, budget.window_s)
+        retry = 0.0
+        if big:
+            retry = float(budget.window_s)
+        elif not ok:
+            retry = window_retry_s(previous, current, tokens, budget.limit, now, index, budget.window_s)
+        estimate = window_estimate(previous, current, now, index, budget.window_s)
+        after = estimate + tokens if admitted else estimate
+        checks.append(Check(budget_name(budget.window_s), budget.key, float(budget.limit), ok, big, retry,
+                            float(math.floor(budget.limit - after + EPSILON)), (index + 1) * budget.window_s - now))
+    return verdict(checks)

@@ -1,0 +1,103 @@
+"""gRPC access log service (ALS): Envoy reports every finished exchange here.
+
+Each entry carries the final status, the upstream host, and the dynamic metadata Envoy collected:
+usage tokens (namespace `extproc.usage`, written by json_to_metadata / sse_to_metadata) and our own
+reservation (namespace `extproc`, from the ext_proc reply). Usage is settled in the limit store, so
+no SSE chunk ever passes through Python.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from envoy.data.accesslog.v3 import accesslog_pb2
+from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
+
+from extproc.gateway.usage import UsageReport, settlement
+from extproc.limits.types import Store
+from extproc.server.protocol import METADATA_NAMESPACE
+from extproc.telemetry import GatewayMetrics
+
+log = logging.getLogger(__name__)
+
+USAGE_NAMESPACE = "extproc.usage"
+
+
+def _number(fields: Any, key: str) -> int | None:
+    value = fields.get(key)
+    if value is None:
+        return None
+    kind = value.WhichOneof("kind")
+    if kind == "number_value":
+        return int(value.number_value)
+    if kind == "string_value" and value.string_value.isdigit():
+        return int(value.string_value)
+    return None
+
+
+def _string(fields: Any, key: str) -> str | None:
+    value = fields.get(key)
+    return value.string_value if value is not None and value.WhichOneof("kind") == "string_value" else None
+
+
+def usage_report(entry: accesslog_pb2.HTTPAccessLogEntry) -> UsageReport:
+    common = entry.common_properties
+    metadata = common.metadata.filter_metadata
+    usage = metadata[USAGE_NAMESPACE].fields if USAGE_NAMESPACE in metadata else {}
+    ours = metadata[METADATA_NAMESPACE].fields if METADATA_NAMESPACE in metadata else {}
+    upstream = common.upstream_remote_address.socket_address
+    flags = common.response_flags
+    flag_names = [f.name for f, v in flags.ListFields() if v is True]
+    return UsageReport(
+        request_id=entry.request.request_id,
+        status=entry.response.response_code.value,
+        prompt_tokens=_number(usage, "prompt_tokens"),
+        completion_tokens=_number(usage, "completion_tokens"),
+        reservation=_string(ours, "reservation"),
+        pool=_string(ours, "pool"),
+        upstream_host=f"{upstream.address}:{upstream.port_value}" if upstream.address else None,
+        response_flags=",".join(flag_names),
+    )
+
+
+class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
+    def __init__(self, store: Store, metrics: GatewayMetrics) -> None:
+        self._store = store
+        self._metrics = metrics
+        self.entries_total = 0
+        self.settled_total = 0
+
+    async def StreamAccessLogs(
+        self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> als_pb2.StreamAccessLogsResponse:
+        async for message in request_iterator:
+            for entry in message.http_logs.log_entry:
+                try:
+                    await self.record(usage_report(entry))
+                except Exception:  # one bad entry must not end Envoy's log stream
+                    log.exception("access log entry could not be processed")
+        return als_pb2.StreamAccessLogsResponse()
+
+    async def record(self, report: UsageReport) -> None:
+        self.entries_total += 1
+        pool = report.pool or "none"
+        if report.prompt_tokens is not None and report.completion_tokens is not None:
+            self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
+            self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)
+        elif report.reservation:
+            self._metrics.usage_missing.labels(pool).inc()
+        settle = settlement(report)
+        if settle is None:
+            return
+        held, tokens = settle
+        try:
+            await self._store.settle(held, tokens, time.time())
+            self.settled_total += 1
+        except Exception:
+            self._metrics.store_failures.labels("settle").inc()
+            log.warning("settling usage of %s failed; the reserved estimate stands", held.request_id)

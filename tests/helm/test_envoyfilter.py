@@ -1,0 +1,172 @@
+"""The EnvoyFilter adds what `extproc envoy render` renders, for the policy in the same release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from extproc.config import Policy, parse_policy
+from extproc.xds.render import EXTPROC_CLUSTER, access_log, http_filters, render_static, route_config
+from tests.helm.chart import (
+    FULLNAME,
+    NAMESPACE,
+    Chart,
+    access_logs,
+    config_patches,
+    find,
+    http_filter_patch,
+    istio_filter_chain,
+    policy_text,
+)
+
+CUSTOM_POLICY = {
+    "bounds": {"max_body_bytes": 1048576},
+    "envoy": {
+        "cluster_header": "x-llm-pool", "endpoint_header": "x-llm-endpoint", "message_timeout_ms": 250,
+        "failure_mode_allow": True, "route_timeout_s": 90, "outlier_consecutive_5xx": 5,
+        "outlier_base_ejection_s": 2.5, "outlier_max_ejection_percent": 30, "max_requests": 512,
+    },
+    "pools": [
+        {"name": "chat", "model": "m-chat", "endpoints": ["10.1.0.1:8000", "[fd00::2]:8001"]},
+        {"name": "code", "model": "m-code", "endpoints": ["10.1.0.9:9000"], "fallbacks": 0},
+    ],
+}
+POLICIES = {
+    "default": {},
+    "custom": {"policy": CUSTOM_POLICY},
+    "trusted-header": {"policy": {"auth": {"mode": "trusted-header", "tenant_header": "x-team"}}},
+}
+CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
+
+
+def rendered(chart: Chart, mode: str, policy: str) -> tuple[list[dict[str, Any]], Policy]:
+    objects = chart.template({"mode": mode, **POLICIES[policy]})
+    return objects, parse_policy(policy_text(objects))
+
+
+def renderer_filter(policy: Policy, name: str) -> dict[str, Any]:
+    found = [f for f in http_filters(policy) if f["name"] == name]
+    assert len(found) == 1
+    return found[0]
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("mode", CONTEXT)
+def test_ext_proc_is_inserted_before_the_router_as_rendered(chart: Chart, mode: str, policy_name: str) -> None:
+    objects, policy = rendered(chart, mode, policy_name)
+    patch = http_filter_patch(objects, "envoy.filters.http.ext_proc")
+    assert patch["match"]["context"] == CONTEXT[mode]
+    chain = patch["match"]["listener"]["filterChain"]["filter"]
+    assert chain["name"] == "envoy.filters.network.http_connection_manager"
+    assert chain["subFilter"]["name"] == "envoy.filters.http.router"
+    assert patch["patch"]["operation"] == "INSERT_BEFORE"
+
+    ours = patch["patch"]["value"]["typed_config"]
+    expected = renderer_filter(policy, "envoy.filters.http.ext_proc")["typed_config"]
+    assert ours["processing_mode"] == expected["processing_mode"]
+    assert ours["processing_mode"]["request_header_mode"] == "SEND"
+    assert ours["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert ours["processing_mode"]["response_header_mode"] == "SEND"
+    assert ours["failure_mode_allow"] is expected["failure_mode_allow"] is policy.envoy.failure_mode_allow
+    assert ours["message_timeout"] == expected["message_timeout"]
+    # Everything but the cluster is the renderer's configuration, field for field.
+    assert {k: v for k, v in ours.items() if k != "grpc_service"} == \
+        {k: v for k, v in expected.items() if k != "grpc_service"}
+    assert ours["grpc_service"] == {"envoy_grpc": {
+        "cluster_name": f"outbound|{policy.service.grpc_port}||{FULLNAME}.{NAMESPACE}.svc.cluster.local"}}
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("mode", CONTEXT)
+def test_header_mutation_strips_routing_headers_before_ext_proc(chart: Chart, mode: str, policy_name: str) -> None:
+    objects, policy = rendered(chart, mode, policy_name)
+    patch = http_filter_patch(objects, "envoy.filters.http.header_mutation")
+    assert patch["match"]["context"] == CONTEXT[mode]
+    assert patch["match"]["listener"]["filterChain"]["filter"]["subFilter"]["name"] == "envoy.filters.http.ext_proc"
+    assert patch["patch"]["operation"] == "INSERT_BEFORE"
+    expected = renderer_filter(policy, "envoy.filters.http.header_mutation")["typed_config"]
+    assert patch["patch"]["value"]["typed_config"] == expected
+    removed = [m["remove"] for m in expected["mutations"]["request_mutations"]]
+    assert removed[:2] == [policy.envoy.cluster_header, policy.envoy.endpoint_header]
+    tenant_headers = [policy.auth.tenant_header, policy.auth.tier_header]
+    assert removed[2:] == ([] if policy.auth.mode == "trusted-header" else tenant_headers)
+
+
+@pytest.mark.parametrize("sse", [False, True])
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_patched_filter_chain_is_the_rendered_chain(chart: Chart, policy_name: str, sse: bool) -> None:
+    values = {"mode": "istio-gateway", "istio": {"usageMetadata": {"sse": sse}}, **POLICIES[policy_name]}
+    objects = chart.template(values)
+    expected = http_filters(parse_policy(policy_text(objects)))
+    if not sse:
+        expected = [f for f in expected if f["name"] != "envoy.filters.http.sse_to_metadata"]
+    assert istio_filter_chain(objects, EXTPROC_CLUSTER) == expected
+
+
+@pytest.mark.parametrize("mode", CONTEXT)
+def test_access_log_goes_to_the_service_as_rendered(chart: Chart, mode: str) -> None:
+    objects, policy = rendered(chart, mode, "default")
+    (log,) = access_logs(objects)
+    cluster = log["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]
+    assert cluster["cluster_name"] == f"outbound|9002||{FULLNAME}.{NAMESPACE}.svc.cluster.local"
+    cluster["cluster_name"] = EXTPROC_CLUSTER
+    assert [log] == access_log(policy)
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_pool_clusters_equal_the_rendered_clusters(chart: Chart, policy_name: str) -> None:
+    objects, policy = rendered(chart, "istio-gateway", policy_name)
+    added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER") if p["patch"]["operation"] == "ADD"]
+    expected = [c for c in render_static(policy)["static_resources"]["clusters"] if c["name"] != EXTPROC_CLUSTER]
+    assert [c["name"] for c in added] == [pool.name for pool in policy.pools]
+    assert added == expected
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_listener_buffer_and_route_patch_follow_the_policy(chart: Chart, policy_name: str) -> None:
+    objects, policy = rendered(chart, "istio-gateway", policy_name)
+    static = render_static(policy)["static_resources"]
+    (listener,) = config_patches(objects, "LISTENER")
+    assert listener["patch"] == {"operation": "MERGE", "value": {
+        "per_connection_buffer_limit_bytes": static["listeners"][0]["per_connection_buffer_limit_bytes"]}}
+    (route,) = config_patches(objects, "HTTP_ROUTE")
+    assert route["match"]["routeConfiguration"]["vhost"]["route"]["name"] == "llm"
+    expected = route_config(policy)["virtual_hosts"][0]["routes"][0]["route"]
+    assert route["patch"] == {"operation": "MERGE", "value": {"route": {
+        "cluster_header": expected["cluster_header"], "timeout": expected["timeout"]}}}
+
+
+def test_gateway_and_sidecar_selection(chart: Chart) -> None:
+    gateway = find(chart.template({"mode": "istio-gateway", "istio": {"envoyFilterNamespace": "istio-system"}}),
+                   "EnvoyFilter")
+    assert gateway["metadata"]["namespace"] == "istio-system"
+    assert gateway["spec"]["workloadSelector"] == {"labels": {"istio": "ingressgateway"}}
+    sidecar_values = {"mode": "istio-sidecar", "istio": {"sidecar": {"workloadSelector": {"app": "rag"}, "port": 8100}}}
+    sidecar = find(chart.template(sidecar_values), "EnvoyFilter")
+    assert sidecar["metadata"]["namespace"] == NAMESPACE
+    assert sidecar["spec"]["workloadSelector"] == {"labels": {"app": "rag"}}
+    for patch in sidecar["spec"]["configPatches"]:
+        assert patch["match"]["context"] == "SIDECAR_OUTBOUND"
+        if patch["applyTo"] in ("HTTP_FILTER", "LISTENER"):
+            assert patch["match"]["listener"]["portNumber"] == 8100
+
+
+def test_optional_patches_can_be_turned_off(chart: Chart) -> None:
+    objects = chart.template({"istio": {"patchBufferLimit": False, "accessLog": False, "usageMetadata": {"json": False},
+                                        "routing": {"clusters": False, "routeName": ""}}})
+    assert [p["applyTo"] for p in find(objects, "EnvoyFilter")["spec"]["configPatches"]] == ["HTTP_FILTER"] * 2
+
+
+def test_dedicated_extproc_cluster_targets_the_headless_service(chart: Chart) -> None:
+    objects = chart.template({"istio": {"extprocCluster": {"mode": "dedicated"}}})
+    headless = find(objects, "Service", f"{FULLNAME}-headless")
+    assert headless["spec"]["clusterIP"] == "None"
+    name = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]["typed_config"][
+        "grpc_service"]["envoy_grpc"]["cluster_name"]
+    added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER")]
+    (cluster,) = [c for c in added if c["name"] == name]
+    assert cluster["type"] == "STRICT_DNS"
+    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
+    assert address == {"address": f"{FULLNAME}-headless.{NAMESPACE}.svc.cluster.local", "port_value": 9002}
+    assert "http2_protocol_options" in str(cluster["typed_extension_protocol_options"])
