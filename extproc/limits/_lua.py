@@ -7,12 +7,18 @@ to an integer by Redis).
 
 ADMIT
   KEYS: bucket per rate, lease set per concurrency limit, (current, previous) window per budget,
-        then the pending-reservation marker when there are budgets.
+        then the pending-reservation marker when there are budgets, then the cancellation tombstone.
   ARGV: now, tokens, request_id, n_rates, n_conc, n_budgets, epsilon,
         per rate (rate, burst, ttl_ms), per concurrency limit (limit, lease_ttl_s, ttl_ms),
         per budget (limit, window_s, index, ttl_ms), then marker_ttl_ms.
   Reply: admitted, per rate level, per concurrency limit (ok, live, earliest or ""),
-         per budget (previous, current).
+         per budget (previous, current); or {-1} alone when the admission was cancelled already.
+
+CANCEL (undo an admission the client gave up waiting for; it may have run, may run later, or never)
+  KEYS: tombstone, lease set per concurrency limit, then (with budgets) marker and charged windows.
+  ARGV: request_id, tombstone_ttl_ms, n_conc.
+  Writes the tombstone (so a late ADMIT does nothing), removes the leases and, if the reservation
+  was made, takes its tokens back out of the windows. Idempotent: a second CANCEL does nothing.
 
 SETTLE
   KEYS: marker, then the charged window of each budget still counting.
@@ -22,9 +28,10 @@ SETTLE
 
 from __future__ import annotations
 
-__all__ = ["ADMIT", "SETTLE"]
+__all__ = ["ADMIT", "CANCEL", "SETTLE"]
 
 ADMIT = r"""
+if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {-1} end
 local now = tonumber(ARGV[1])
 local tokens = tonumber(ARGV[2])
 local rid = ARGV[3]
@@ -128,6 +135,28 @@ for i = 2, #KEYS do
     redis.call('SET', KEYS[i], string.format('%d', v), 'KEEPTTL')
   else
     redis.call('SET', KEYS[i], string.format('%d', v), 'PX', ARGV[i])
+  end
+end
+return 1
+"""
+
+CANCEL = r"""
+if not redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[2]) then return 0 end
+local nc = tonumber(ARGV[3])
+for j = 1, nc do redis.call('ZREM', KEYS[1 + j], ARGV[1]) end
+local m = 2 + nc
+if KEYS[m] then
+  local reserved = redis.call('GET', KEYS[m])
+  if reserved then
+    redis.call('DEL', KEYS[m])
+    for k = m + 1, #KEYS do
+      local cur = redis.call('GET', KEYS[k])
+      if cur then
+        local v = tonumber(cur) - tonumber(reserved)
+        if v < 0 then v = 0 end
+        redis.call('SET', KEYS[k], string.format('%d', v), 'KEEPTTL')
+      end
+    end
   end
 end
 return 1

@@ -16,6 +16,7 @@ from extproc.limits.types import AdmitRequest, AdmitResult, LimitState
 __all__ = [
     "CONCURRENCY_RETRY_S",
     "EPSILON",
+    "RETRY_MARGIN_S",
     "TOO_LARGE",
     "Check",
     "Observed",
@@ -41,6 +42,9 @@ CONCURRENCY_RETRY_S = 1.0
 # Comparisons allow this much rounding (in tokens): a request retried exactly after `retry_after_s`
 # must fit although 60 * (1 - 10/60) is 50.00000000000001 in floating point.
 EPSILON = 1e-9
+# Computed waits are rounded up by this much so that `now + retry_after_s`, rounded to a double near
+# 1.7e9 (steps of 2.4e-7 s), is never a hair too early.
+RETRY_MARGIN_S = 1e-6
 # Suffix of `refused_by` for a request that asks for more tokens than a budget's whole limit:
 # retrying can never succeed (the gateway may answer 413 rather than 429).
 TOO_LARGE = "too-large"
@@ -81,7 +85,7 @@ def bucket_retry_s(level: float, rate: float) -> float:
         return 0.0
     if rate <= 0.0:
         return math.inf
-    return (1.0 - level) / rate
+    return (1.0 - level) / rate + RETRY_MARGIN_S
 
 
 def bucket_reset_s(level: float, rate: float, burst: float) -> float:
@@ -108,7 +112,7 @@ def concurrency_retry_s(earliest_expiry: float | None, now: float) -> float:
     """Retry after the earliest lease expiry or CONCURRENCY_RETRY_S, whichever comes first."""
     if earliest_expiry is None:
         return CONCURRENCY_RETRY_S
-    return max(0.0, min(CONCURRENCY_RETRY_S, earliest_expiry - now))
+    return min(CONCURRENCY_RETRY_S, max(0.0, earliest_expiry - now) + RETRY_MARGIN_S)
 
 
 # --- sliding-window token budgets ---------------------------------------------------------------
@@ -131,20 +135,21 @@ def window_retry_s(previous: float, current: float, tokens: float, limit: float,
 
     Within this window the estimate falls as the previous window slides out. If even an empty
     previous window leaves no room, the current window becomes the previous one at the boundary
-    and slides out in turn.
+    and slides out in turn. Computed relative to the window start: absolute epoch seconds carry
+    only ~2e-7 s of precision.
     """
-    start = index * window_s
+    elapsed = now - index * window_s
     room = limit - current - tokens
     if room >= 0.0:
         if previous <= 0.0:
             return 0.0
-        at = start + window_s * (1.0 - room / previous)
+        wait = window_s * (1.0 - room / previous) - elapsed
     else:
         room_next = limit - tokens
         if room_next < 0.0:
             return float(window_s)
-        at = start + window_s + window_s * max(0.0, 1.0 - room_next / current)
-    return min(float(window_s), max(0.0, at - now))
+        wait = window_s + window_s * max(0.0, 1.0 - room_next / current) - elapsed
+    return min(float(window_s), max(0.0, wait) + RETRY_MARGIN_S)
 
 
 def window_ttl_s(index: int, window_s: int, now: float) -> float:

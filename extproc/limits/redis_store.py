@@ -20,6 +20,14 @@ tenant x model limits. Every key above starts with <prefix><caller key>, so it k
 This class talks to one endpoint (standalone Redis, a primary, or a cluster-aware proxy); it does not
 route by slot itself. On a standalone Redis no tag is needed.
 
+Abandoned admissions: when `admit` times out or is cancelled (the failover deadline), the script may
+already have run, may still run later (it sits in Redis's input buffer), or never run. A background
+task then runs a CANCEL script (retried with backoff for ~8 s): it leaves a tombstone
+`<prefix><first key>:x:<id>` (60 s) so a late admit does nothing, removes the request's leases and
+returns its reserved tokens. Without it every timed-out admission would leak a lease (lease_ttl_s)
+and its reservation. A bucket token it may have taken is not refunded (the bucket refills). A
+request_id cancelled this way is refused ("cancelled") if admitted again within those 60 s.
+
 Availability: every call gets `timeout_ms` overall (socket connect/read timeouts too), no client
 retries, and a blocking pool whose wait is bounded by the same deadline. Connection errors, timeouts,
 refused AUTH and server errors raise `StoreUnavailable`; the failover layer turns that into a policy.
@@ -29,6 +37,7 @@ TLS: a `rediss://` URL (plus `ssl_ca_certs` / client cert options); AUTH: `redis
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Sequence
 from typing import TypeVar
@@ -38,13 +47,20 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from extproc.limits._lua import ADMIT, SETTLE
+from extproc.limits._lua import ADMIT, CANCEL, SETTLE
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable
 
-__all__ = ["RedisStore", "hash_tag"]
+__all__ = ["CANCELLED", "RedisStore", "hash_tag"]
 
 _T = TypeVar("_T")
+_log = logging.getLogger(__name__)
+
+CANCELLED = "cancelled"  # refused_by of a request_id whose earlier admission was abandoned
+_TOMBSTONE_TTL_S = 60.0
+_CANCEL_RETRY_DELAYS_S = (0.0, 0.1, 0.5, 2.0, 5.0)
+_CANCEL_MIN_TIMEOUT_S = 0.25
+_MAX_PENDING_CANCELS = 10_000
 
 
 def hash_tag(key: str) -> str | None:
@@ -66,6 +82,8 @@ class RedisStore:
     def __init__(self, url: str, *, timeout_ms: float = 50.0, max_connections: int = 64, prefix: str = "lim:",
                  ssl_ca_certs: str | None = None, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  require_hash_tag: bool = False) -> None:
+        """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
+        call (connect, pool wait, round trip); `max_connections` sizes the blocking pool."""
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain a hash tag")
         self._timeout_s = timeout_ms / 1000.0
@@ -82,6 +100,14 @@ class RedisStore:
         self._redis = Redis.from_pool(pool)
         self._admit = self._redis.register_script(ADMIT)
         self._settle = self._redis.register_script(SETTLE)
+        self._cancel = self._redis.register_script(CANCEL)
+        self._cancelling: set[asyncio.Task[None]] = set()
+        self.cancel_failures_total = 0  # abandoned admissions that could not be undone
+
+    @property
+    def cancelling(self) -> int:
+        """Abandoned admissions whose undo is still pending."""
+        return len(self._cancelling)
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         now, p = request.now, self._prefix
@@ -107,7 +133,14 @@ class RedisStore:
         if request.budgets:
             keys.append(self._marker(request.budgets[0].key, request.request_id))
             args.append(_ms(marker_ttl))
-        reply: list[bytes | int] = await self._call(self._admit(keys, args))
+        keys.append(self._tombstone(request))
+        try:
+            reply: list[bytes | int] = await self._call(self._admit(keys, args))
+        except (StoreUnavailable, asyncio.CancelledError):
+            self._abandon(request)
+            raise
+        if int(reply[0]) < 0:
+            return AdmitResult(admitted=False, refused_by=CANCELLED, retry_after_s=_TOMBSTONE_TTL_S)
         return decide(request, _parse(reply, len(request.rates), len(request.concurrency), len(request.budgets)))
 
     async def release(self, reservation: Reservation, now: float) -> None:
@@ -135,10 +168,45 @@ class RedisStore:
         await self._call(self._redis.ping())
 
     async def close(self) -> None:
+        for task in list(self._cancelling):
+            task.cancel()
+        await asyncio.gather(*self._cancelling, return_exceptions=True)
         await self._redis.aclose()
 
     def _marker(self, budget_key: str, request_id: str) -> str:
         return f"{self._prefix}{budget_key}:res:{request_id}"
+
+    def _tombstone(self, request: AdmitRequest) -> str:
+        first = [b.key for b in request.budgets] + [c.key for c in request.concurrency] + [r.key for r in request.rates]
+        return f"{self._prefix}{first[0] if first else ''}:x:{request.request_id}"
+
+    # --- undoing abandoned admissions -----------------------------------------------------------
+
+    def _abandon(self, request: AdmitRequest) -> None:
+        if len(self._cancelling) >= _MAX_PENDING_CANCELS:
+            self.cancel_failures_total += 1
+            return
+        task = asyncio.get_running_loop().create_task(self._cancel_with_retries(request))
+        self._cancelling.add(task)
+        task.add_done_callback(self._cancelling.discard)
+
+    async def _cancel_with_retries(self, request: AdmitRequest) -> None:
+        p = self._prefix
+        keys = [self._tombstone(request)] + [f"{p}{c.key}:cc" for c in request.concurrency]
+        if request.budgets:
+            keys.append(self._marker(request.budgets[0].key, request.request_id))
+            keys += [f"{p}{b.key}:tw{b.window_s}:{window_index(request.now, b.window_s)}" for b in request.budgets]
+        args: list[str | int] = [request.request_id, _ms(_TOMBSTONE_TTL_S), len(request.concurrency)]
+        for delay in _CANCEL_RETRY_DELAYS_S:
+            await asyncio.sleep(delay)
+            try:
+                async with asyncio.timeout(max(self._timeout_s, _CANCEL_MIN_TIMEOUT_S)):
+                    await self._cancel(keys, args)
+                return
+            except (RedisError, OSError, TimeoutError):
+                continue
+        self.cancel_failures_total += 1
+        _log.warning("could not undo abandoned admission %s; its leases expire by TTL", request.request_id)
 
     def _check_slot(self, keys: Sequence[str]) -> None:
         tags = {hash_tag(k) for k in keys}

@@ -103,7 +103,9 @@ def _usage_filters() -> list[dict[str, Any]]:
             "name": "envoy.filters.http.json_to_metadata",
             "typed_config": {
                 "@type": _T + "extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
-                "response_rules": {"rules": _usage_rules(), "allow_content_types": ["application/json"]},
+                # Any JSON media type, charset parameter or not (vLLM sends plain application/json).
+                "response_rules": {"rules": _usage_rules(), "allow_content_types_regex": {
+                    "google_re2": {}, "regex": "application/json(;.*)?"}},
             },
         },
         {
@@ -160,6 +162,8 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 "@type": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
                 "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
                 "failure_mode_allow": envoy.failure_mode_allow,
+                # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
+                "metadata_options": {"receiving_namespaces": {"untyped": ["extproc"]}},
                 "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
                 "processing_mode": {
                     "request_header_mode": "SEND",

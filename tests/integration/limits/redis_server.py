@@ -17,7 +17,7 @@ from tests.support import free_ports
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server") or ("/usr/bin/redis-server" if os.path.exists("/usr/bin/redis-server") else None)
+    found = shutil.which("redis-server") or shutil.which("redis-server", path="/usr/bin:/usr/sbin")
     if found is None:
         pytest.fail("redis-server is not installed: the limits integration tests need it "
                     "(Debian: apt-get install redis-server)", pytrace=False)
@@ -41,9 +41,8 @@ class RedisServer:
     def start(self) -> RedisServer:
         args = [redis_server_binary(), "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
                 "--appendonly", "no", "--dir", self._dir, "--enable-debug-command", "local", *self.extra]
-        log = Path(self._dir, "redis.log").open("ab")
-        self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
+        with Path(self._dir, "redis.log").open("ab") as log:
+            self.proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self._wait_ready(self.tls_port or self.port)
         return self
 

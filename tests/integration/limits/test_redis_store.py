@@ -41,7 +41,7 @@ async def test_every_key_expires(redis_server: RedisServer) -> None:
     raw = Redis.from_url(redis_server.url)
     try:
         assert (await store.admit(full("r1", T0 + 30, 10))).admitted
-        ttls = {key.decode(): await raw.pttl(key) for key in await raw.keys("ttl:*")}
+        ttls = {key.decode() if isinstance(key, bytes) else key: await raw.pttl(key) for key in await raw.keys("ttl:*")}
         assert ttls.keys() == {"ttl:{t}:rps:rb", "ttl:{t}:cc:cc", f"ttl:{{t}}:tpm:tw60:{int(T0) // 60}",
                                f"ttl:{{t}}:tpd:tw86400:{int(T0) // 86400}", "ttl:{t}:tpm:res:r1"}
         assert 3000 < ttls["ttl:{t}:rps:rb"] <= 4000  # 2 x burst / rate

@@ -1,0 +1,126 @@
+"""FailoverStore over a real Redis that dies, comes back, or stalls (DEBUG SLEEP)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from extproc.limits import (
+    AdmitRequest,
+    ConcurrencyLimit,
+    FailoverStore,
+    MemoryStore,
+    RedisStore,
+    Reservation,
+    TokenBudget,
+)
+from extproc.limits.failover import Policy
+from tests.integration.limits.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+ONE = ConcurrencyLimit("{t}:one", limit=1, lease_ttl_s=30)
+TPM = TokenBudget("{t}:tpm", limit=100, window_s=60)
+DEADLINE_MS = 20.0
+BACKOFF_S = 0.2
+# Redis stalls for this long; a decision "within the deadline" is one that did not wait for it.
+STALL_S = 1.5
+
+
+def request(rid: str, tokens: int = 0) -> AdmitRequest:
+    return AdmitRequest(rid, time.time(), tokens, concurrency=(ONE,), budgets=(TPM,) if tokens else ())
+
+
+def reservation(rid: str) -> Reservation:
+    return Reservation(rid, 0, (ONE,), (), time.time())
+
+
+def failover(server: RedisServer, policy: Policy) -> tuple[FailoverStore, MemoryStore]:
+    fallback = MemoryStore()
+    primary = RedisStore(server.url, timeout_ms=500)
+    return FailoverStore(primary, fallback, policy, deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S), fallback
+
+
+async def timed(store: FailoverStore, rid: str) -> tuple[bool, str | None, float]:
+    started = time.monotonic()
+    result = await store.admit(request(rid))
+    return result.admitted, result.refused_by, time.monotonic() - started
+
+
+async def test_fail_open_when_redis_dies_and_primary_again_when_it_returns(
+        servers: Callable[..., RedisServer]) -> None:
+    server = servers()
+    store, fallback = failover(server, "fail-open")
+    witness = RedisStore(server.url, timeout_ms=2000, prefix="lim:")
+    try:
+        assert (await store.admit(request("before"))).admitted and store.primary_up
+        await store.release(reservation("before"), time.time())
+
+        server.kill()
+        admitted, _, took = await timed(store, "during")
+        assert admitted and not store.primary_up and store.failures_total >= 1
+        assert took < STALL_S / 3
+        assert not (await store.admit(request("during-2"))).admitted  # the fallback holds "during"'s lease
+        await store.release(reservation("during"), time.time())  # goes to the fallback
+        assert fallback.sizes()["leases"] == 0
+
+        server.start()
+        await asyncio.sleep(BACKOFF_S * 1.5)
+        assert (await store.admit(request("after"))).admitted and store.primary_up
+        assert not (await witness.admit(request("someone-else"))).admitted  # "after"'s lease is in Redis
+        assert fallback.sizes()["leases"] == 0
+    finally:
+        await store.close()
+        await witness.close()
+
+
+async def test_fail_closed_when_redis_dies(servers: Callable[..., RedisServer]) -> None:
+    server = servers()
+    store, _ = failover(server, "fail-closed")
+    try:
+        assert (await store.admit(request("before"))).admitted
+        await store.release(reservation("before"), time.time())
+        server.kill()
+        admitted, refused_by, took = await timed(store, "during")
+        assert (admitted, refused_by) == (False, "store_unavailable") and took < STALL_S / 3
+        # release/settle of a primary reservation while Redis is away: logged and counted, never raised
+        failures = store.failures_total
+        await store.release(reservation("before"), time.time())
+        await store.settle(Reservation("before", 10, (), (TPM,), time.time()), 10, time.time())
+        assert store.failures_total == failures + 2
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("policy", ["fail-open", "fail-closed"])
+async def test_a_stalled_redis_is_decided_within_the_deadline(servers: Callable[..., RedisServer],
+                                                              policy: Policy) -> None:
+    server = servers()
+    store, _ = failover(server, policy)
+    staller = Redis.from_url(server.url)
+    try:
+        assert (await store.admit(request("warm"))).admitted
+        await store.release(reservation("warm"), time.time())
+        sleep = staller.execute_command("DEBUG", "SLEEP", str(STALL_S))  # type: ignore[no-untyped-call]
+        stall = asyncio.create_task(sleep)
+        await asyncio.sleep(0.05)  # the server is now asleep
+        started = time.monotonic()
+        result = await store.admit(request("stalled", tokens=60))
+        admitted, refused_by, took = result.admitted, result.refused_by, time.monotonic() - started
+        assert took < STALL_S / 3 and not store.primary_up
+        assert (admitted, refused_by) == ((True, None) if policy == "fail-open" else (False, "store_unavailable"))
+        # while marked down nobody waits on Redis at all
+        _, _, again = await timed(store, "stalled-2")
+        assert again < STALL_S / 3
+        await stall
+        await asyncio.sleep(BACKOFF_S * 1.5)
+        # Redis ran the abandoned admission when it woke up; the store undid it (lease and tokens)
+        awake = await store.admit(request("awake", tokens=100))
+        assert awake.admitted and store.primary_up, awake
+    finally:
+        await store.close()
+        await staller.aclose()
