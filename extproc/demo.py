@@ -59,7 +59,7 @@ def build_summary(samples: list[Any], duration_s: float) -> dict[str, Any]:
     }
 
 
-def print_report(summary: dict[str, Any], out: Any = sys.stdout) -> None:
+def print_report(summary: dict[str, Any], out: Any = sys.stdout, pool_of: dict[str, str] | None = None) -> None:
     ttft = summary["ttft_ms"]
     rows = [
         {"metric": "requests", "value": summary["total"]},
@@ -76,9 +76,10 @@ def print_report(summary: dict[str, Any], out: Any = sys.stdout) -> None:
     print(format_table(pools, ["pool", "requests", "share", "ttft_p50_ms"]), file=out)
     print(file=out)
     served = max(1, sum(summary["per_endpoint"].values()))
-    endpoints = [{"endpoint": k, "requests": v, "share": f"{v / served:.1%}"}
-                 for k, v in sorted(summary["per_endpoint"].items())]
-    print(format_table(endpoints, ["endpoint", "requests", "share"]), file=out)
+    owner = pool_of or {}
+    endpoints = [{"pool": owner.get(k, "-"), "endpoint": k, "requests": v, "share": f"{v / served:.1%}"}
+                 for k, v in sorted(summary["per_endpoint"].items(), key=lambda kv: (owner.get(kv[0], ""), kv[0]))]
+    print(format_table(endpoints, ["pool", "endpoint", "requests", "share"]), file=out)
 
 
 async def run_demo(args: argparse.Namespace) -> int:
@@ -101,7 +102,8 @@ async def run_demo(args: argparse.Namespace) -> int:
         summary = build_summary(samples, args.duration)
         summary["cpu_seconds"] = group.cpu_seconds()
         summary["service_metrics_url"] = f"{stack.admin_url}/metrics"
-        print_report(summary)
+        pool_of = {f"127.0.0.1:{port}": pool for pool, ports in stack.sim_ports.items() for port in ports}
+        print_report(summary, pool_of=pool_of)
         print(f"\nservice metrics: {stack.admin_url}/metrics   Envoy admin: {stack.envoy_admin_url}"
               f"   logs: {workdir / 'logs'}")
         if args.json:

@@ -1,8 +1,10 @@
 """`FailoverStore`: a shared primary store (Redis) with a policy for when it is down or slow.
 
 Each admission waits at most `deadline_ms` for the primary. On `StoreUnavailable` or that deadline:
-  - "fail-open": the fallback store decides (a `MemoryStore` whose limits the CALLER has already
-    divided by the number of replicas, so the fleet stays near its limits while Redis is away);
+  - "fail-open": the fallback store (a per-replica `MemoryStore`) decides. Limits travel in each
+    request, so the fallback sees them scaled by `fallback_share` (the caller passes 1 / replicas):
+    rates and burst, concurrency and budgets are multiplied (rounded up, at least 1), so the fleet
+    stays near its limits while Redis is away;
   - "fail-closed": refused with refused_by="store_unavailable" and `retry_after_s`.
 After a failure the primary is marked down and not asked again until `probe_backoff_s` has passed;
 then one admission probes it (others keep using the policy meanwhile) and success marks it up.
@@ -17,26 +19,46 @@ its leases expire by TTL and its reservation stays at the estimate.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from typing import Literal
 
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store, StoreUnavailable
 
-__all__ = ["STORE_UNAVAILABLE", "FailoverStore", "Policy"]
+__all__ = ["STORE_UNAVAILABLE", "FailoverStore", "Policy", "share_of"]
 
 Policy = Literal["fail-open", "fail-closed"]
 STORE_UNAVAILABLE = "store_unavailable"
 _SWEEP_INTERVAL_S = 10.0
 
 
+def share_of(request: AdmitRequest, share: float) -> AdmitRequest:
+    """The request with every limit scaled to `share` (0 < share <= 1) of the fleet's, rounded up."""
+    if share >= 1.0:
+        return request
+    return dataclasses.replace(
+        request,
+        rates=tuple(dataclasses.replace(r, rate=r.rate * share, burst=max(1.0, float(math.ceil(r.burst * share))))
+                    for r in request.rates),
+        concurrency=tuple(dataclasses.replace(c, limit=max(1, math.ceil(c.limit * share)))
+                          for c in request.concurrency),
+        budgets=tuple(dataclasses.replace(b, limit=max(1, math.ceil(b.limit * share))) for b in request.budgets),
+    )
+
+
 class FailoverStore:
     def __init__(self, primary: Store, fallback: Store, policy: Policy, deadline_ms: float = 5.0,
-                 retry_after_s: float = 1.0, *, probe_backoff_s: float = 1.0, cleanup_deadline_ms: float = 50.0,
-                 clock: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
+                 retry_after_s: float = 1.0, *, fallback_share: float = 1.0, probe_backoff_s: float = 1.0,
+                 cleanup_deadline_ms: float = 50.0, clock: Callable[[], float] = time.monotonic,
+                 logger: logging.Logger | None = None) -> None:
         if policy not in ("fail-open", "fail-closed"):
             raise ValueError(f"unknown store failure policy {policy!r}")
+        if not 0.0 < fallback_share <= 1.0:
+            raise ValueError(f"fallback_share must be in (0, 1], got {fallback_share}")
+        self._share = fallback_share
         self.policy: Policy = policy
         self.failures_total = 0  # failed primary calls (admit, release, settle)
         self.degraded_admits_total = 0  # admissions decided by the policy instead of the primary
@@ -129,7 +151,7 @@ class FailoverStore:
         self.degraded_admits_total += 1
         if self.policy == "fail-closed":
             return AdmitResult(admitted=False, refused_by=STORE_UNAVAILABLE, retry_after_s=self._retry_after_s)
-        result = await self._fallback.admit(request)
+        result = await self._fallback.admit(share_of(request, self._share))
         if result.admitted and (request.concurrency or request.budgets):
             now = self._clock()
             self._sweep(now)

@@ -10,6 +10,7 @@ Keys (`prefix` defaults to "lim:"; every key expires on its own):
     <prefix><conc.key>:cc                   lease ZSET request_id -> expiry; TTL lease_ttl_s
     <prefix><budget.key>:tw<W>:<index>      window counter; TTL to the end of the next window (<= 2W + 1 s)
     <prefix><budgets[0].key>:res:<id>       pending reservation (reserved tokens) until settled
+    <prefix><first key>:x:<id>              tombstone of an abandoned admission (60 s, see below)
 Times stored are the callers' `now` (wall clock), so replicas' clocks should agree to well under a
 window; a bucket never refills backwards when one replica lags.
 
@@ -32,6 +33,7 @@ Availability: every call gets `timeout_ms` overall (socket connect/read timeouts
 retries, and a blocking pool whose wait is bounded by the same deadline. Connection errors, timeouts,
 refused AUTH and server errors raise `StoreUnavailable`; the failover layer turns that into a policy.
 TLS: a `rediss://` URL (plus `ssl_ca_certs` / client cert options); AUTH: `redis://user:pass@host`.
+Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) can exceed 5 ms.
 """
 
 from __future__ import annotations
@@ -110,6 +112,8 @@ class RedisStore:
         return len(self._cancelling)
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
+        if not (request.rates or request.concurrency or request.budgets):
+            return AdmitResult(admitted=True)
         now, p = request.now, self._prefix
         tokens = max(0, request.tokens)
         if self._require_hash_tag:
@@ -166,6 +170,18 @@ class RedisStore:
 
     async def ping(self) -> None:
         await self._call(self._redis.ping())
+
+    async def warm_up(self, connections: int = 4) -> None:
+        """Open `connections` pooled connections and load the scripts, so that the first admissions
+        do not pay connect + handshake + SCRIPT LOAD against a 5 ms failover deadline. Call at start;
+        raises StoreUnavailable (with a longer allowance of 1 s) if Redis cannot be reached."""
+        async with asyncio.timeout(max(1.0, self._timeout_s)):
+            try:
+                await asyncio.gather(*(self._redis.ping() for _ in range(max(1, connections))))
+                for script in (self._admit, self._settle, self._cancel):
+                    script.sha = await self._redis.script_load(script.script)
+            except (RedisError, OSError) as exc:
+                raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
     async def close(self) -> None:
         for task in list(self._cancelling):

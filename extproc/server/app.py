@@ -20,7 +20,8 @@ from extproc.config import Policy, load_policy
 from extproc.endpoints import EndpointRegistry, MetricsScraper
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.gateway.auth import Authenticator
-from extproc.limits.types import Store
+from extproc.limits.redis_store import RedisStore
+from extproc.limits.types import Store, StoreUnavailable
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
 from extproc.server.keys_watch import KeysWatcher, load_keys
@@ -52,6 +53,7 @@ class Service:
     admin_runner: web.AppRunner
     scraper: MetricsScraper
     store: Store
+    redis: RedisStore | None
     keys_watcher: KeysWatcher
     access_log: AccessLogService
     grpc_port: int = 0
@@ -69,6 +71,11 @@ class Service:
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         await self.scraper.start()
         await self.keys_watcher.start()
+        if self.redis is not None:
+            try:  # connect + load scripts now, not against the first request's 5 ms deadline
+                await self.redis.warm_up()
+            except StoreUnavailable:
+                log.warning("Redis unreachable at start; applying limits.on_store_failure until it answers")
         await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self.health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
         log.info("serving ext_proc on %s:%d, admin on %s:%d",
@@ -95,7 +102,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     endpoints = EndpointRegistry()
     authenticator = Authenticator(load_keys(policy, policy_path))
     gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator)
-    store = build_store(policy)
+    store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS)
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store), server)
     access_log = AccessLogService(store, metrics)
@@ -104,7 +111,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
-                      web.AppRunner(web.Application()), scraper, store,
+                      web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log)
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, endpoints, snapshots, service.ready, gateway), access_log=None

@@ -50,13 +50,16 @@ class ScaledStore:
         await self._inner.close()
 
 
-def build_store(policy: Policy) -> Store:
+def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
+    """The store admission uses, and the Redis client behind it (to warm up at start), if any."""
     limits = policy.limits
     if limits.store == "memory":
-        return MemoryStore()
+        return MemoryStore(), None
     url = os.environ.get(REDIS_URL_ENV) or limits.redis_url
     if not url:
         raise ValueError(f"limits.store is redis but neither limits.redis_url nor ${REDIS_URL_ENV} is set")
     replicas = max(1, len(policy.envoy.extproc_endpoints))
-    return FailoverStore(RedisStore(url), ScaledStore(MemoryStore(), replicas), limits.on_store_failure,
-                         deadline_ms=limits.decision_deadline_ms)
+    redis = RedisStore(url)
+    store = FailoverStore(redis, ScaledStore(MemoryStore(), replicas), limits.on_store_failure,
+                          deadline_ms=limits.decision_deadline_ms)
+    return store, redis

@@ -69,7 +69,7 @@ async def post(http: aiohttp.ClientSession, stack: Stack, key: str | None, paylo
 
 async def test_api_keys(stack: Stack, http: aiohttp.ClientSession) -> None:
     for key in (None, "wrong-key", KEYS["dead"]):
-        status, headers, payload = await post(http, stack, key, body())
+        status, _, payload = await post(http, stack, key, body())
         assert status == 401, payload
         assert payload["error"]["code"] == "invalid_api_key"
     status, _, _ = await post(http, stack, KEYS["free"], body())
@@ -110,7 +110,7 @@ async def test_concurrency_limit_and_release(stack: Stack, http: aiohttp.ClientS
 
     holders = [asyncio.create_task(hold()) for _ in range(2)]
     await asyncio.sleep(0.3)
-    status, headers, payload = await post(http, stack, KEYS["cc"], body())
+    status, _, payload = await post(http, stack, KEYS["cc"], body())
     assert status == 429 and "concurrent" in payload["error"]["message"]
     assert await asyncio.gather(*holders) == [200, 200]
     status, _, _ = await post(http, stack, KEYS["cc"], body())

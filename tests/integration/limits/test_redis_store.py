@@ -165,3 +165,25 @@ async def test_tls_and_auth(servers: Callable[..., RedisServer], tmp_path: Path)
     finally:
         await secure.close()
         await untrusted.close()
+
+
+async def test_warm_up_loads_scripts_and_fails_clearly(redis_server: RedisServer,
+                                                       servers: Callable[..., RedisServer]) -> None:
+    store = redis_store(redis_server)
+    raw = Redis.from_url(redis_server.url)
+    try:
+        await raw.script_flush()
+        await store.warm_up(connections=2)
+        assert await raw.script_exists(*(s.sha for s in (store._admit, store._settle, store._cancel))) == [True] * 3
+        assert (await store.admit(AdmitRequest("none", T0, 5))).admitted  # no limits: no round trip needed
+    finally:
+        await store.close()
+        await raw.aclose()
+    gone = servers()
+    gone.kill()
+    unreachable = RedisStore(gone.url)
+    try:
+        with pytest.raises(StoreUnavailable):
+            await unreachable.warm_up()
+    finally:
+        await unreachable.close()

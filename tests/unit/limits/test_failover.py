@@ -14,10 +14,12 @@ from extproc.limits import (
     ConcurrencyLimit,
     FailoverStore,
     MemoryStore,
+    RateLimit,
     Reservation,
     StoreUnavailable,
     TokenBudget,
 )
+from extproc.limits.failover import share_of
 
 T0 = 1_699_920_000.0
 CC = ConcurrencyLimit("t:cc", 1)
@@ -154,3 +156,25 @@ async def test_close_closes_both() -> None:
 def test_unknown_policy_is_rejected() -> None:
     with pytest.raises(ValueError, match="policy"):
         FailoverStore(MemoryStore(), MemoryStore(), "fail-sideways")  # type: ignore[arg-type]
+
+
+async def test_fallback_decides_with_this_replicas_share_of_the_limits() -> None:
+    primary, fallback = ScriptedStore(), MemoryStore()
+    store = FailoverStore(primary, fallback, "fail-open", fallback_share=1 / 3)
+    primary.mode = "down"
+    tpm = TokenBudget("t:share", 1000, 60)
+    first = await store.admit(AdmitRequest("a", T0, 300, budgets=(tpm,)))
+    assert first.admitted and first.states[0].limit == 334.0
+    assert not (await store.admit(AdmitRequest("b", T0, 40, budgets=(tpm,)))).admitted
+    with pytest.raises(ValueError, match="fallback_share"):
+        FailoverStore(primary, fallback, "fail-open", fallback_share=0.0)
+
+
+def test_share_of_rounds_up_and_keeps_keys() -> None:
+    request = AdmitRequest("a", T0, 1, rates=(RateLimit("t:r", 10.0, 4.0),), concurrency=(ConcurrencyLimit("t:c", 2),),
+                           budgets=(TokenBudget("t:b", 1000, 60),))
+    shared = share_of(request, 1 / 3)
+    assert shared.rates[0] == RateLimit("t:r", 10.0 * (1 / 3), 2.0)
+    assert shared.concurrency[0] == ConcurrencyLimit("t:c", 1)
+    assert shared.budgets[0] == TokenBudget("t:b", 334, 60)
+    assert share_of(request, 1.0) is request
