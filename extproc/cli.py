@@ -94,6 +94,18 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bench_limits(args: argparse.Namespace) -> int:
+    from extproc.bench.limits import run_limits
+
+    return _run_async(run_limits(args))
+
+
+def _cmd_bench_routing(args: argparse.Namespace) -> int:
+    from extproc.bench.routing import run_routing
+
+    return _run_async(run_routing(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -167,6 +179,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     scheduling_configure(scheduling)
     scheduling.set_defaults(handler=_cmd_bench_scheduling)
+    limits = bench_commands.add_parser(
+        "limits", help="Token limits across service replicas sharing Redis: one tenant at 5x its limit.",
+        description="Token limits across service replicas sharing Redis: one tenant offered 5x its tokens per "
+                    "minute; prints the tokens it really consumed per minute and the other tenants' latency.")
+    from extproc.bench.limits import configure as limits_configure
+
+    limits_configure(limits)
+    limits.set_defaults(handler=_cmd_bench_limits)
+    routing = bench_commands.add_parser(
+        "routing", help="TTFT, prefix-cache hit rate and load spread: Envoy LB policies vs our profiles.",
+        description="Open-loop load against a simulated fleet through real Envoy, for Envoy's own round-robin and "
+                    "least-request and for our scheduling profiles; writes JSON, Markdown and PNG plots.")
+    from extproc.bench.routing import configure as routing_configure
+
+    routing_configure(routing)
+    routing.set_defaults(handler=_cmd_bench_routing)
     return parser
 
 

@@ -45,6 +45,7 @@ class SimPool:
     replicas: int
     aliases: tuple[str, ...] = ()
     lora: tuple[str, ...] = ()
+    profile: str = "default"  # scheduling profile of the pool in the policy
 
 
 @dataclass
@@ -85,8 +86,8 @@ def build_policy(
         "envoy": {"listen_port": listen_port, "admin_port": envoy_admin, "expose_upstream_host": True,
                   **(envoy or {})},
         "pools": [
-            {"name": p.name, "model": p.model, "aliases": list(p.aliases),
-             "endpoints": [f"127.0.0.1:{port}" for port in sim_ports[p.name]]}
+            {"name": p.name, "model": p.model, "aliases": list(p.aliases), "lora_adapters": list(p.lora),
+             "profile": p.profile, "endpoints": [f"127.0.0.1:{port}" for port in sim_ports[p.name]]}
             for p in pools
         ],
         **(extra or {}),

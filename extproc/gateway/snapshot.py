@@ -19,7 +19,7 @@ class Snapshot:
     def build(cls, policy: Policy, version: int) -> Snapshot:
         by_model: dict[str, PoolConfig] = {}
         for pool in policy.pools:
-            for name in (pool.model, *pool.aliases):
+            for name in (pool.model, *pool.aliases, *pool.lora_adapters):
                 by_model[name] = pool
         listing = {
             "object": "list",

@@ -20,6 +20,7 @@ from extproc.config import Policy, load_policy
 from extproc.endpoints import EndpointRegistry, MetricsScraper
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.gateway.auth import Authenticator
+from extproc.limits.failover import FailoverStore
 from extproc.limits.redis_store import RedisStore
 from extproc.limits.types import Store, StoreUnavailable
 from extproc.server.access_log import AccessLogService
@@ -113,6 +114,11 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log)
+    if isinstance(store, FailoverStore):
+        failover = store
+        metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)
+        metrics.store_degraded_admits.set_function(lambda: float(failover.degraded_admits_total))
+        metrics.store_primary_failures.set_function(lambda: float(failover.failures_total))
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, endpoints, snapshots, service.ready, gateway), access_log=None
     )

@@ -47,6 +47,14 @@ class GatewayMetrics:
             "extproc_limits_store_failures", "Limit store calls that failed or missed their deadline", ["op"],
             registry=registry,
         )
+        self.store_up = Gauge("extproc_limits_store_up", "1 while the shared limit store (Redis) answers in time",
+                              registry=registry)
+        self.store_degraded_admits = Gauge(
+            "extproc_limits_degraded_admits", "Admissions decided by the local fallback (fail-open) so far",
+            registry=registry)
+        self.store_primary_failures = Gauge(
+            "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
+            registry=registry)
         self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
         self.config_loads = Counter(
             "extproc_config_loads", "Policy loads by result", ["result"], registry=registry
