@@ -203,6 +203,16 @@ class LimitsConfig(_Strict):
 BUILTIN_PROFILES = ("default", "load-only", "least-inflight", "random")
 
 
+class HealthPolicy(_Strict):
+    """Our own passive health (circuit breaker per endpoint) and active check (metrics scrapes)."""
+
+    consecutive_failures: int = Field(default=3, ge=1, description="5xx / resets in a row that eject")
+    base_ejection_s: float = Field(default=5.0, gt=0, description="first ejection; doubles on each repeat")
+    max_ejection_s: float = Field(default=60.0, gt=0)
+    max_ejected_percent: float = Field(default=50.0, ge=0, le=100, description="of a pool, by passive ejection")
+    scrape_failures: int = Field(default=3, ge=1, description="failed scrapes in a row = unavailable")
+
+
 class PoolConfig(_Strict):
     """A set of vLLM endpoints serving one model; becomes one Envoy cluster of the same name."""
 
@@ -213,6 +223,7 @@ class PoolConfig(_Strict):
     fallbacks: int = Field(default=2, ge=0, le=16, description="extra endpoints listed after the pick")
     profile: str = Field(default="default", description="scheduling profile that picks endpoints in this pool")
     lora_adapters: tuple[str, ...] = Field(default=(), description="LoRA adapter names served by this pool")
+    backup_pool: str | None = Field(default=None, description="pool that serves when this one has no healthy endpoint")
 
     @field_validator("name")
     @classmethod
@@ -240,6 +251,7 @@ class Policy(_Strict):
     scheduling: SchedulingConfig = SchedulingConfig()
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
+    health: HealthPolicy = HealthPolicy()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
@@ -256,6 +268,10 @@ class Policy(_Strict):
                 if other is not None and other != pool.name:
                     raise ValueError(f"model name {name!r} is claimed by pools {other!r} and {pool.name!r}")
                 seen_models[name] = pool.name
+        names = {p.name for p in self.pools}
+        for pool in self.pools:
+            if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
+                raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
         if "default" not in self.tiers:
             raise ValueError("tiers must define 'default' (the tier of tenants that name none)")
         known = set(BUILTIN_PROFILES) | {p.name for p in self.scheduling.profiles}

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extproc.config import PoolConfig
-from extproc.endpoints import EndpointRegistry, Lease
+from extproc.endpoints import Endpoint, EndpointRegistry, Lease
+from extproc.endpoints.health import HealthConfig, HealthTracker
 from extproc.gateway.admission import (
     Admission,
     admit_request,
@@ -89,6 +90,7 @@ class Gateway:
         self._snapshots = snapshots
         self._wall_clock = wall_clock
         self.authenticator = authenticator or Authenticator()
+        self.health = HealthTracker(HealthConfig(**snapshots.current.policy.health.model_dump()))
         self._registry = registry
         self._metrics = metrics
         self._clock = clock
@@ -112,9 +114,9 @@ class Gateway:
         if observe is not None:
             observe(seconds)
 
-    def scheduling_request(self, exchange: Exchange, request: InferenceRequest,
-                           sequence: int = 0) -> SchedulingRequest:
-        pool = exchange.snapshot.by_model[request.model]
+    def scheduling_request(self, exchange: Exchange, request: InferenceRequest, sequence: int = 0,
+                           pool: PoolConfig | None = None) -> SchedulingRequest:
+        pool = pool or exchange.snapshot.by_model[request.model]
         profile = self._scheduler.profile(pool.profile)
         head = exchange.head
         return SchedulingRequest(
@@ -207,15 +209,24 @@ class Gateway:
     def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
         """Decide; with `explain` the decision is only described: no lease, no learning, no counters."""
         request, pool = self._resolve(exchange, body)
-        state = self._registry.pool(pool.name)
+        now = self._clock()
+        candidates = self._usable(pool, now)
+        if not candidates and pool.backup_pool is not None:
+            # No healthy endpoint: the backup pool serves (the body names its model).
+            backup = exchange.snapshot.by_name[pool.backup_pool]
+            candidates = self._usable(backup, now)
+            if candidates:
+                pool = backup
+                exchange.pool = backup.name
         sequence = self._sequence + 1
-        scheduling = self.scheduling_request(exchange, request, sequence)
-        picked = self._scheduler.schedule(pool.profile, scheduling, state.endpoints, 1 + pool.fallbacks,
-                                          self._time_plugin, explain) if state is not None else []
+        scheduling = self.scheduling_request(exchange, request, sequence, pool)
+        picked = self._scheduler.schedule(pool.profile, scheduling, candidates, 1 + pool.fallbacks,
+                                          self._time_plugin, explain) if candidates else []
         if not picked:
             raise oai.no_capacity(pool.name)
         if explain is None:
             self._sequence = sequence
+            self.health.picked(picked[0], now)
             self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
             expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or _DEFAULT_OUTPUT_TOKENS)
             exchange.leases.append(Lease(picked[0], expected))
@@ -245,6 +256,16 @@ class Gateway:
         if held is not None:
             meta["reservation"] = encode_reservation(held)
         return meta
+
+    def _usable(self, pool: PoolConfig, now: float) -> list[Endpoint]:
+        state = self._registry.pool(pool.name)
+        return self.health.usable(state.endpoints, now) if state is not None else []
+
+    def record_outcome(self, address: str, pool_name: str | None, ok: bool) -> None:
+        """A finished request's outcome on `address` (from response headers or the access log)."""
+        state = self._registry.pool(pool_name) if pool_name else None
+        if self.health.record(address, ok, self._clock(), state.endpoints if state is not None else ()):
+            self._metrics.ejections.labels(pool_name or "none").inc()
 
     def explain(self, head: RequestHead, body: bytes) -> dict[str, Any]:
         """The decision this request would get now, with every endpoint's scores; nothing is sent or kept."""
@@ -277,6 +298,10 @@ class Gateway:
         exchange.status = status
         if exchange.pool:
             self._metrics.upstream_status.labels(exchange.pool, f"{status // 100}xx").inc()
+        if exchange.leases and status:
+            # Envoy retries only failures before any response, so a 5xx came from the endpoint we leased
+            # (or a fallback of it): passive health. Resets after the headers come from the access log.
+            self.record_outcome(exchange.leases[0].endpoint.address, exchange.pool, status < 500)
         if exchange.leases and exchange.routed_at is not None and 200 <= status < 300:
             endpoint = exchange.leases[0].endpoint
             sample = self._clock() - exchange.routed_at

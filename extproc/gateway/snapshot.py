@@ -13,6 +13,7 @@ class Snapshot:
     policy: Policy
     version: int
     by_model: dict[str, PoolConfig] = field(default_factory=dict)
+    by_name: dict[str, PoolConfig] = field(default_factory=dict)
     models_listing: bytes = b""
 
     @classmethod
@@ -25,7 +26,8 @@ class Snapshot:
             "object": "list",
             "data": [{"id": name, "object": "model", "owned_by": pool.name} for name, pool in by_model.items()],
         }
-        return cls(policy, version, by_model, json.dumps(listing, separators=(",", ":")).encode())
+        return cls(policy, version, by_model, {p.name: p for p in policy.pools},
+                   json.dumps(listing, separators=(",", ":")).encode())
 
 
 class SnapshotHolder:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -25,6 +25,8 @@ from extproc.telemetry import GatewayMetrics
 log = logging.getLogger(__name__)
 
 USAGE_NAMESPACE = "extproc.usage"
+_UPSTREAM_FAILURES = frozenset({"upstream_remote_reset", "upstream_connection_termination",
+                                "upstream_request_timeout", "upstream_connection_failure"})
 
 
 def _number(fields: Any, key: str) -> int | None:
@@ -65,9 +67,11 @@ def usage_report(entry: accesslog_pb2.HTTPAccessLogEntry) -> UsageReport:
 
 
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
-    def __init__(self, store: Store, metrics: GatewayMetrics) -> None:
+    def __init__(self, store: Store, metrics: GatewayMetrics,
+                 on_outcome: Callable[[str, str | None, bool], None] | None = None) -> None:
         self._store = store
         self._metrics = metrics
+        self._on_outcome = on_outcome
         self.entries_total = 0
         self.settled_total = 0
 
@@ -86,6 +90,12 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
     async def record(self, report: UsageReport) -> None:
         self.entries_total += 1
         pool = report.pool or "none"
+        if self._on_outcome is not None and report.upstream_host and report.status < 500:
+            # Failures after the response headers (a replica dying mid-stream) are only visible here;
+            # 5xx statuses were already counted when the response headers passed through ext_proc.
+            failed = any(flag in _UPSTREAM_FAILURES for flag in report.response_flags.split(","))
+            if failed:
+                self._on_outcome(report.upstream_host, report.pool, False)
         if report.prompt_tokens is not None and report.completion_tokens is not None:
             self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
             self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)

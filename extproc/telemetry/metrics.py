@@ -47,6 +47,8 @@ class GatewayMetrics:
             "extproc_limits_store_failures", "Limit store calls that failed or missed their deadline", ["op"],
             registry=registry,
         )
+        self.ejections = Counter("extproc_endpoint_ejections", "Endpoints ejected by our circuit breakers, per pool",
+                                 ["pool"], registry=registry)
         self.store_up = Gauge("extproc_limits_store_up", "1 while the shared limit store (Redis) answers in time",
                               registry=registry)
         self.store_degraded_admits = Gauge(

@@ -1,4 +1,6 @@
-"""saturation-filter: drop endpoints that are saturated or whose metrics scrapes keep failing.
+"""saturation-filter: drop endpoints whose vLLM queue or KV cache is saturated.
+
+(Unhealthy endpoints never reach a profile: the gateway's circuit breakers remove them first.)
 
 If every endpoint would be dropped the input is returned unchanged: the filter steers traffic, it
 never stalls it (rejection under saturation is the admission layer's decision, not the picker's).
@@ -22,7 +24,6 @@ TYPE = "saturation-filter"
 class Params:
     max_waiting: float = 10.0  # vLLM queue deeper than this: overload is coming
     max_kv_usage: float = 0.95
-    max_scrape_failures: int = 3  # consecutive failed scrapes: treat as unhealthy
     stale_after_s: float = 1.0
 
 
@@ -32,8 +33,6 @@ class SaturationFilter:
         self.params = params
 
     def _ok(self, endpoint: Endpoint, now: float) -> bool:
-        if endpoint.scrape_failures >= self.params.max_scrape_failures:
-            return False
         metrics = fresh_metrics(endpoint, now, self.params.stale_after_s)
         if metrics is None:
             return True

@@ -160,3 +160,40 @@ def test_explain_describes_rejections() -> None:
     explained = gateway.explain(head(), chat(model="nope"))
     assert explained["decision"] == "respond" and explained["status"] == 404
     assert explained["body"]["error"]["code"] == "model_not_found"
+
+
+def test_unhealthy_pool_falls_back_to_backup_or_503() -> None:
+    policy = POLICY.replace("    fallbacks: 1\n", "    fallbacks: 1\n    backup_pool: embed\n")
+    registry = EndpointRegistry()
+    gateway = Gateway(SnapshotHolder(parse_policy(policy)), registry, GatewayMetrics(CollectorRegistry()))
+    pool = registry.pool("chat")
+    assert pool is not None
+    for endpoint in pool.endpoints:
+        endpoint.scrape_failures = 5
+    exchange, _ = gateway.request_headers(head())
+    decision = gateway.request_body(exchange, chat())
+    assert isinstance(decision, Route) and decision.pool == "embed"
+    assert decision.body is not None and json.loads(decision.body)["model"] == "embedder"
+    backup = registry.pool("embed")
+    assert backup is not None
+    backup.endpoints[0].scrape_failures = 5
+    exchange, _ = gateway.request_headers(head())
+    assert error_of(gateway.request_body(exchange, chat())) == (503, "no_capacity")
+
+
+def test_5xx_responses_eject_the_endpoint() -> None:
+    gateway, _, _ = make_gateway()
+    long_prompt = json.dumps({"model": "chat", "messages": [{"role": "system", "content": "rules " * 200}]}).encode()
+    served = set()
+    for _ in range(3):  # prefix affinity keeps sending this prompt to the same endpoint
+        exchange, _ = gateway.request_headers(head())
+        decision = gateway.request_body(exchange, long_prompt)
+        assert isinstance(decision, Route)
+        served.add(decision.endpoints[0])
+        gateway.response_headers(exchange, 503)
+        gateway.finish(exchange)
+    assert len(served) == 1
+    assert [a for a, state in gateway.health.states(0.0).items() if state == "open"] == [served.pop()]
+    exchange, _ = gateway.request_headers(head())
+    decision = gateway.request_body(exchange, long_prompt)
+    assert isinstance(decision, Route) and len(decision.endpoints) == 2  # the ejected one is not offered
