@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from aiohttp import web
@@ -31,9 +32,17 @@ def build_admin_app(
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
     async def pools(_: web.Request) -> web.Response:
+        now = time.monotonic()
+        states = gateway.health.states(now)
         data = {
             pool.name: [
-                {"address": ep.address, "in_flight": ep.in_flight, "picked_total": ep.picked_total}
+                {"address": ep.address, "in_flight": ep.in_flight, "picked_total": ep.picked_total,
+                 "available": gateway.health.available(ep, now), "breaker": states.get(ep.address, "closed"),
+                 "scrape_failures": ep.scrape_failures,
+                 "metrics_age_s": None if ep.metrics is None else round(now - ep.metrics.scraped_at, 3),
+                 "waiting": None if ep.metrics is None else ep.metrics.waiting,
+                 "running": None if ep.metrics is None else ep.metrics.running,
+                 "kv_usage": None if ep.metrics is None else ep.metrics.kv_usage}
                 for ep in pool.endpoints
             ]
             for pool in endpoints.pools()

@@ -188,10 +188,11 @@ def route_config(policy: Policy) -> dict[str, Any]:
         "route": {
             "cluster_header": envoy.cluster_header,
             "timeout": _seconds(envoy.route_timeout_s),
-            # Retry only where no byte of a generation can have been produced, on another host: the
+            # Retry only before any response byte reached the client (connect failure, refused stream,
+            # reset before response headers), on another host: the
             # override_host policy then takes the next endpoint of the destination header.
             "retry_policy": {
-                "retry_on": "connect-failure,refused-stream,reset-before-request",
+                "retry_on": "connect-failure,refused-stream,reset",
                 "num_retries": envoy.retries,
                 "retry_host_predicate": [{
                     "name": "envoy.retry_host_predicates.previous_hosts",
