@@ -67,7 +67,10 @@ class EnvoyConfig(_Strict):
     # ext_proc: how long Envoy waits for each of our replies before applying failure_mode_allow.
     message_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
     # false = fail closed: if the service is unreachable, Envoy answers 500 instead of bypassing it.
+    # true = fail open: requests the service did not route go to `fallback_pool` (client routing headers
+    # are still stripped, so nobody can pick a pool or endpoint by header).
     failure_mode_allow: bool = False
+    fallback_pool: str | None = None
     # Retries on connect failure / refused stream / reset before any response, each to another endpoint.
     retries: int = Field(default=2, ge=0, le=10)
     route_timeout_s: float = Field(default=600.0, ge=0)
@@ -269,6 +272,9 @@ class Policy(_Strict):
                     raise ValueError(f"model name {name!r} is claimed by pools {other!r} and {pool.name!r}")
                 seen_models[name] = pool.name
         names = {p.name for p in self.pools}
+        if self.envoy.failure_mode_allow and self.envoy.fallback_pool not in names:
+            raise ValueError("envoy.failure_mode_allow needs envoy.fallback_pool naming a pool (where requests go "
+                             "when the service is bypassed)")
         for pool in self.pools:
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")

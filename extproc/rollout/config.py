@@ -6,6 +6,7 @@ weight from a baseline pool to a canary pool step by step, gated by automated an
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Mapping
 from typing import Literal
@@ -60,7 +61,7 @@ class RolloutConfig(_Strict):
     def _increasing(cls, value: tuple[float, ...]) -> tuple[float, ...]:
         if any(not 0.0 < step <= 100.0 for step in value):
             raise ValueError("rollout steps are percentages in (0, 100]")
-        if any(b <= a for a, b in zip(value, value[1:], strict=False)):
+        if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError("rollout steps must be strictly increasing")
         return value
 

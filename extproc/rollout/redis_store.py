@@ -56,7 +56,7 @@ class RedisRolloutStore:
         return self._prefix + model
 
     async def load(self, model: str) -> RolloutState | None:
-        raw: bytes | None = await self._call(self._redis.hget(self._key(model), "s"))  # type: ignore[misc]
+        raw = await self._call(self._redis.hget(self._key(model), "s"))
         return RolloutState.from_json(raw) if raw is not None else None
 
     async def save(self, state: RolloutState, expected_version: int) -> bool:
@@ -75,11 +75,11 @@ class RedisRolloutStore:
         await self._call(pipe.execute())
 
     async def load_outcomes(self, model: str, epoch: int) -> dict[str, PoolWindow]:
-        raw: dict[bytes, bytes] = await self._call(
-            self._redis.hgetall(f"{self._key(model)}:o:{epoch}"))  # type: ignore[misc]
+        raw = await self._call(self._redis.hgetall(f"{self._key(model)}:o:{epoch}"))
         counters: dict[str, dict[str, float]] = {}
         for field, value in raw.items():
-            pool, _, name = field.decode().rpartition("|")
+            text = field.decode() if isinstance(field, bytes) else field
+            pool, _, name = text.rpartition("|")
             counters.setdefault(pool, {})[name] = float(value)
         return {pool: PoolWindow.from_counters(c) for pool, c in counters.items()}
 

@@ -17,6 +17,7 @@ from extproc.rollout.analysis import PoolWindow
 
 __all__ = [
     "MANUAL",
+    "Command",
     "MemoryRolloutStore",
     "RolloutState",
     "RolloutStore",

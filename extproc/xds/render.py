@@ -142,12 +142,29 @@ def access_log(policy: Policy) -> list[dict[str, Any]]:
     }]
 
 
-def http_filters(policy: Policy) -> list[dict[str, Any]]:
+def stripped_headers(policy: Policy) -> list[str]:
+    """Headers only we (or a trusted authenticator) may set; removed from every client request."""
     envoy = policy.envoy
     stripped = [envoy.cluster_header, envoy.endpoint_header]
     if policy.auth.mode != "trusted-header":  # only a trusted upstream authenticator may set these
         stripped += [policy.auth.tenant_header, policy.auth.tier_header]
-    strip = [{"remove": name} for name in stripped]
+    return stripped
+
+
+def early_header_mutation(policy: Policy) -> list[dict[str, Any]]:
+    """Strip client routing headers before Envoy selects a route (HTTP filters run after it has)."""
+    return [{
+        "name": "envoy.http.early_header_mutation.header_mutation",
+        "typed_config": {
+            "@type": _T + "extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation",
+            "mutations": [{"remove": name} for name in stripped_headers(policy)],
+        },
+    }]
+
+
+def http_filters(policy: Policy) -> list[dict[str, Any]]:
+    envoy = policy.envoy
+    strip = [{"remove": name} for name in stripped_headers(policy)]
     return [
         {
             "name": "envoy.filters.http.header_mutation",
@@ -208,10 +225,19 @@ def route_config(policy: Policy) -> dict[str, Any]:
             "header": {"key": "x-gateway-upstream-host", "value": "%UPSTREAM_REMOTE_ADDRESS%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }]
+    routes = [route]
+    if envoy.failure_mode_allow and envoy.fallback_pool is not None:
+        # Fail open: only requests our service routed carry the pool header (clients' copies are
+        # stripped first); everything else, e.g. while the service is unreachable, takes the fallback.
+        route["match"]["headers"] = [{"name": envoy.cluster_header, "present_match": True}]
+        fallback = {key: value for key, value in route.items() if key != "match"}
+        fallback["route"] = {k: v for k, v in route["route"].items() if k != "cluster_header"}
+        fallback["route"]["cluster"] = envoy.fallback_pool
+        routes.append({"match": {"prefix": "/"}, **fallback})
     return {
         "@type": _T + "config.route.v3.RouteConfiguration",
         "name": ROUTE_CONFIG,
-        "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": [route]}],
+        "virtual_hosts": [{"name": "llm", "domains": ["*"], "routes": routes}],
     }
 
 
@@ -225,6 +251,9 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "request_timeout": "0s",
         "local_reply_config": _local_reply_config(),
         "access_log": access_log(policy),
+        # The route is chosen (and cached) before HTTP filters run: without this, a client's
+        # x-gateway-pool would pick the route whenever ext_proc fails open.
+        "early_header_mutation_extensions": early_header_mutation(policy),
         "http_filters": http_filters(policy),
         **rds,
     }

@@ -48,6 +48,8 @@ def test_filter_chain_order_and_processing_mode() -> None:
                      "envoy.filters.http.router"]
     removed = [m["remove"] for m in hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]]
     assert removed == ["x-pool", "x-dest", "x-tenant-id", "x-tenant-tier"]
+    early = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
+    assert [m["remove"] for m in early] == removed  # stripped before the route is chosen, too
     assert hcm["access_log"][0]["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
         "extproc")
     ext_proc = hcm["http_filters"][1]["typed_config"]
