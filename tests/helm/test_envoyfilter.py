@@ -24,7 +24,7 @@ CUSTOM_POLICY = {
     "bounds": {"max_body_bytes": 1048576},
     "envoy": {
         "cluster_header": "x-llm-pool", "endpoint_header": "x-llm-endpoint", "message_timeout_ms": 250,
-        "failure_mode_allow": True, "route_timeout_s": 90, "outlier_consecutive_5xx": 5,
+        "failure_mode_allow": True, "fallback_pool": "chat", "route_timeout_s": 90, "outlier_consecutive_5xx": 5,
         "outlier_base_ejection_s": 2.5, "outlier_max_ejection_percent": 30, "max_requests": 512,
     },
     "pools": [

@@ -1,0 +1,185 @@
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+
+from extproc.config import ConfigError, Policy, load_policy
+from extproc.config.watch import PolicyWatcher
+
+ONE = """\
+pools:
+  - name: chat
+    model: m/chat
+    endpoints: ["127.0.0.1:8001"]
+"""
+TWO = ONE.replace("8001", "8002")
+BAD = ONE + "  - name: Bad_Name\n    model: other\n    endpoints: [\"127.0.0.1:9\"]\n"
+
+
+class Seen:
+    def __init__(self) -> None:
+        self.policies: list[Policy] = []
+        self.errors: list[ConfigError] = []
+
+    def watcher(self, path: Path, **kwargs: object) -> PolicyWatcher:
+        current = load_policy(path) if path.exists() else None
+        return PolicyWatcher(path, self.policies.append, self.errors.append, settle_s=0.02, current=current,
+                             **kwargs)  # type: ignore[arg-type]
+
+    def endpoints(self) -> list[str]:
+        return [p.pools[0].endpoints[0] for p in self.policies]
+
+
+def replace_atomically(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def started(seen: Seen, path: Path) -> PolicyWatcher:
+    watcher = seen.watcher(path)
+    await watcher.start()
+    return watcher
+
+
+async def test_rewrite_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(ONE)
+    seen = Seen()
+    watcher = await started(seen, path)
+    try:
+        assert not await watcher.check()
+        path.write_text(TWO)
+        assert await watcher.check()
+        assert seen.endpoints() == ["127.0.0.1:8002"] and seen.errors == []
+        assert not await watcher.check()  # reported once
+    finally:
+        await watcher.stop()
+
+
+async def test_atomic_rename(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(ONE)
+    seen = Seen()
+    watcher = await started(seen, path)
+    try:
+        replace_atomically(path, TWO)
+        assert await watcher.check()
+        assert seen.endpoints() == ["127.0.0.1:8002"]
+    finally:
+        await watcher.stop()
+
+
+def configmap(directory: Path, version: str, text: str) -> None:
+    """What the kubelet does: a new timestamped directory, then ..data swapped to it by one rename."""
+    (directory / version).mkdir()
+    (directory / version / "policy.yaml").write_text(text)
+    tmp = directory / "..data_tmp"
+    tmp.symlink_to(version)
+    os.replace(tmp, directory / "..data")
+    link = directory / "policy.yaml"
+    if not link.is_symlink():
+        link.symlink_to("..data/policy.yaml")
+
+
+async def test_configmap_data_symlink_swap(tmp_path: Path) -> None:
+    configmap(tmp_path, "..2024_01_01_00_00_00.1", ONE)
+    path = tmp_path / "policy.yaml"
+    seen = Seen()
+    watcher = await started(seen, path)
+    try:
+        configmap(tmp_path, "..2024_01_01_00_01_00.2", TWO)
+        assert await watcher.check()
+        assert seen.endpoints() == ["127.0.0.1:8002"]
+        # Same content under a new directory: the target changed, the policy did not.
+        configmap(tmp_path, "..2024_01_01_00_02_00.3", TWO)
+        assert not await watcher.check()
+        assert len(seen.policies) == 1 and seen.errors == []
+    finally:
+        await watcher.stop()
+
+
+async def test_invalid_file_is_reported_with_line_and_old_policy_kept(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(ONE)
+    seen = Seen()
+    watcher = await started(seen, path)
+    try:
+        replace_atomically(path, BAD)
+        assert not await watcher.check()
+        assert seen.policies == [] and len(seen.errors) == 1
+        assert any(str(p).startswith(f"{path}:5:") and "pool name" in str(p) for p in seen.errors[0].problems)
+        assert watcher.current is not None and watcher.current.pools[0].endpoints == ("127.0.0.1:8001",)
+        assert not await watcher.check()  # the same bad file is not reported again
+        assert watcher.errors_total == 1
+        replace_atomically(path, TWO)
+        assert await watcher.check()
+        assert seen.endpoints() == ["127.0.0.1:8002"] and watcher.reloads_total == 1
+    finally:
+        await watcher.stop()
+
+
+async def test_half_written_file_is_given_time_to_settle(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(ONE)
+    seen = Seen()
+    watcher = seen.watcher(path)
+    watcher._settle_s = 0.3
+    await watcher.start()
+    try:
+        path.write_text(TWO[: len(TWO) // 2])  # the writer is not done yet
+        checking = asyncio.create_task(watcher.check())
+        await asyncio.sleep(0.1)
+        path.write_text(TWO)
+        assert await checking
+        assert seen.errors == [] and seen.endpoints() == ["127.0.0.1:8002"]
+    finally:
+        await watcher.stop()
+
+
+async def test_missing_file_is_an_error_and_touch_is_not_a_change(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(ONE)
+    seen = Seen()
+    watcher = await started(seen, path)
+    try:
+        os.utime(path, ns=(1, 1))
+        assert not await watcher.check()
+        assert seen.policies == [] and seen.errors == []
+        path.unlink()
+        assert not await watcher.check()
+        assert "cannot read" in str(seen.errors[0])
+    finally:
+        await watcher.stop()
+
+
+async def test_background_polling_and_a_failing_callback(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(ONE)
+    calls: list[Policy] = []
+
+    def on_change(policy: Policy) -> None:
+        calls.append(policy)
+        if len(calls) == 1:
+            raise RuntimeError("swap failed")
+
+    watcher = PolicyWatcher(path, on_change, lambda error: None, interval_s=0.02, current=load_policy(path))
+    await watcher.start()
+    try:
+        replace_atomically(path, TWO)
+        for _ in range(200):
+            if calls:
+                break
+            await asyncio.sleep(0.01)
+        replace_atomically(path, ONE)
+        for _ in range(200):
+            if len(calls) == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert [p.pools[0].endpoints[0] for p in calls] == ["127.0.0.1:8002", "127.0.0.1:8001"]
+        assert "still watching" in caplog.text
+    finally:
+        await watcher.stop()
