@@ -63,6 +63,8 @@ class RolloutConfig(_Strict):
             raise ValueError("rollout steps are percentages in (0, 100]")
         if any(b <= a for a, b in itertools.pairwise(value)):
             raise ValueError("rollout steps must be strictly increasing")
+        if value[0] >= 100.0:
+            raise ValueError("the first rollout step must be below 100 (the baseline is needed for analysis)")
         return value
 
     @model_validator(mode="after")

@@ -3,6 +3,7 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -126,15 +127,23 @@ async def test_half_written_file_is_given_time_to_settle(tmp_path: Path) -> None
     path = tmp_path / "policy.yaml"
     path.write_text(ONE)
     seen = Seen()
-    watcher = seen.watcher(path)
-    watcher._settle_s = 0.3
-    await watcher.start()
+    watcher = await started(seen, path)
+    load = watcher._load
+    loads: list[int] = []
+
+    def writer_finishes_after_first_parse(signature: Any) -> Policy:
+        loads.append(1)
+        try:
+            return load(signature)
+        finally:
+            if len(loads) == 1:
+                path.write_text(TWO)  # the writer completes while the watcher waits settle_s
+
+    watcher._load = writer_finishes_after_first_parse  # type: ignore[method-assign]
     try:
-        path.write_text(TWO[: len(TWO) // 2])  # the writer is not done yet
-        checking = asyncio.create_task(watcher.check())
-        await asyncio.sleep(0.1)
-        path.write_text(TWO)
-        assert await checking
+        path.write_text(TWO[: len(TWO) // 2])  # caught half written: missing endpoints
+        assert await watcher.check()
+        assert len(loads) == 2
         assert seen.errors == [] and seen.endpoints() == ["127.0.0.1:8002"]
     finally:
         await watcher.stop()

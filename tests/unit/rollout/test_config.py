@@ -39,6 +39,8 @@ def test_good_section_parses_with_defaults() -> None:
     ("splits:\n  - model: m\n    backends: [{pool: a, weight: 1}]\n    sticky_by: ip\n", 4, "Input should be"),
     ("splits:\n  - model: m\n    backends: [{pool: a, weight: 1}, {pool: b, weight: 1}]\n    rollout:\n"
      "      canary: b\n      baseline: a\n      steps: [25, 5]\n", 7, "strictly increasing"),
+    ("splits:\n  - model: m\n    backends: [{pool: a, weight: 1}, {pool: b, weight: 1}]\n    rollout:\n"
+     "      canary: b\n      baseline: a\n      steps: [100]\n", 7, "below 100"),
     ("splits:\n  - model: m\n    backends: [{pool: a, weight: 1}]\n    rollout: {canary: c, baseline: a}\n",
      2, "not one of its backends"),
     ("splits:\n  - model: m\n    backends: [{pool: a, weight: 1}]\n    typo: 1\n", 4, "Extra inputs"),
@@ -58,7 +60,8 @@ def test_cross_checks_against_pools_and_tiers() -> None:
 
 
 def test_duplicate_split_and_unknown_default_are_rejected() -> None:
-    text = "splits:\n  - {model: m, backends: [{pool: a, weight: 1}]}\n  - {model: m, backends: [{pool: a, weight: 1}]}\n"
+    entry = "  - {model: m, backends: [{pool: a, weight: 1}]}\n"
+    text = "splits:\n" + entry + entry
     with pytest.raises(ConfigError, match="duplicate split model"):
         parse_yaml_model(RolloutPolicy, text, "p.yaml")
     with pytest.raises(ConfigError, match="not a split model"):
@@ -68,7 +71,7 @@ def test_duplicate_split_and_unknown_default_are_rejected() -> None:
 def test_models_are_frozen() -> None:
     policy = parse_yaml_model(RolloutPolicy, GOOD, "p.yaml")
     with pytest.raises(ValueError, match="frozen"):
-        policy.splits[0].model = "other"  # type: ignore[misc]
+        setattr(policy.splits[0], "model", "other")  # noqa: B010
 
 
 def test_importing_rollout_does_not_import_the_policy_schema() -> None:

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Mapping
 
 import pytest
@@ -50,7 +51,7 @@ async def test_healthy_canary_walks_every_step_to_promoted() -> None:
     transitions = await drive([rollouts], Traffic(dict(HEALTHY)), clock, 600)
     assert [(s.status, s.weight) for s in transitions] == [
         ("running", 25.0), ("running", 50.0), ("promoted", 100.0)]
-    for earlier, later in zip(transitions, transitions[1:], strict=False):
+    for earlier, later in itertools.pairwise(transitions):
         assert later.updated_at - earlier.updated_at >= 60.0  # each step held hold_s
     final = rollouts.state(MODEL)
     assert final is not None and final.status == "promoted" and "promoted to 100%" in final.reason
@@ -67,6 +68,7 @@ async def test_degraded_canary_is_rolled_back_within_one_interval_after_min_samp
     rollouts = await started(MemoryRolloutStore(), clock)
     traffic = Traffic({"v1": PoolHealth(error_rate=0.005), "v2": canary})
     reached_at: float | None = None
+    state: RolloutState | None = None
     for _ in range(300):
         traffic.second([rollouts])
         if reached_at is None and traffic.sent.get("v2", 0) >= 200:
@@ -77,7 +79,7 @@ async def test_degraded_canary_is_rolled_back_within_one_interval_after_min_samp
         assert state is not None
         if state.status != "running":
             break
-    assert state.status == "rolled_back", state
+    assert state is not None and state.status == "rolled_back", state
     assert words in state.reason and state.reason.startswith("rolled back at 5%")
     assert reached_at is not None and state.updated_at - reached_at <= 10.0 + 1.0
     assert rollouts.current_weights(MODEL) == {"v1": 1.0, "v2": 0.0}
