@@ -106,6 +106,31 @@ def _cmd_bench_routing(args: argparse.Namespace) -> int:
     return _run_async(run_routing(args))
 
 
+def _cmd_rollout(args: argparse.Namespace) -> int:
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    base = args.admin.rstrip("/")
+    if args.rollout_command == "status":
+        request = urllib.request.Request(f"{base}/debug/rollouts")
+    else:
+        to_end = getattr(args, "to_end", False)
+        query = urllib.parse.urlencode({"model": args.model, **({"to_end": "1"} if to_end else {})})
+        request = urllib.request.Request(f"{base}/rollouts/{args.rollout_command}?{query}", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            print(json.dumps(json.loads(response.read()), indent=2))
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"{exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        return 1
+    except urllib.error.URLError as exc:
+        print(f"cannot reach {base}: {exc.reason}", file=sys.stderr)
+        return 2
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -149,6 +174,22 @@ def build_parser() -> argparse.ArgumentParser:
     key_new = keys_commands.add_parser("new", help="Generate a random key and its sha256 entry.",
                                        description="Generate a random API key and its sha256 entry.")
     key_new.set_defaults(handler=_cmd_keys)
+
+    rollout = commands.add_parser("rollout", help="Canary rollouts: status and manual promote/pause/resume/abort.",
+                                  description="Canary rollouts through a service replica's admin API (the state is "
+                                              "shared, so any replica will do).")
+    rollout_commands = rollout.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
+    for action, text in (("status", "Show every rollout."), ("promote", "Move to the next step (--to-end: 100%)."),
+                         ("pause", "Stop automatic promotion (a breach still rolls back)."),
+                         ("resume", "Continue a paused rollout."), ("abort", "Send all traffic back to the baseline."),
+                         ("restart", "Start the rollout again from its first step.")):
+        sub = rollout_commands.add_parser(action, help=text, description=text)
+        if action != "status":
+            sub.add_argument("model", help="the split's client-facing model name")
+        if action == "promote":
+            sub.add_argument("--to-end", action="store_true", help="go straight to 100%%")
+        sub.add_argument("--admin", default="http://127.0.0.1:9003", help="admin URL of a service replica")
+        sub.set_defaults(handler=_cmd_rollout)
 
     sim = add("sim", _cmd_sim, "Run a simulated vLLM fleet (OpenAI API, vLLM metrics, KV cache, faults).")
     from extproc.sim import cli as sim_cli

@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from extproc.rollout.config import RolloutPolicy, check_splits
+
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
 _HEADER = re.compile(r"^[a-z0-9-]+$")
 
@@ -255,6 +257,7 @@ class Policy(_Strict):
     auth: AuthConfig = AuthConfig()
     limits: LimitsConfig = LimitsConfig()
     health: HealthPolicy = HealthPolicy()
+    rollout: RolloutPolicy = RolloutPolicy()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
@@ -272,6 +275,9 @@ class Policy(_Strict):
                     raise ValueError(f"model name {name!r} is claimed by pools {other!r} and {pool.name!r}")
                 seen_models[name] = pool.name
         names = {p.name for p in self.pools}
+        problems = check_splits(self.rollout, {p.name: p for p in self.pools}, self.tiers)
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.envoy.failure_mode_allow and self.envoy.fallback_pool not in names:
             raise ValueError("envoy.failure_mode_allow needs envoy.fallback_pool naming a pool (where requests go "
                              "when the service is bypassed)")

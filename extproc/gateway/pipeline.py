@@ -39,6 +39,9 @@ from extproc.openai import (
     rewrite_body,
 )
 from extproc.openai import errors as oai
+from extproc.rollout.config import SplitConfig
+from extproc.rollout.controller import Rollouts
+from extproc.rollout.split import select_pool
 from extproc.scheduling import Explanation, Scheduler, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
 from extproc.tenants import ANONYMOUS, Tenant
@@ -86,7 +89,9 @@ class Gateway:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         authenticator: Authenticator | None = None,
+        rollouts: Rollouts | None = None,
     ) -> None:
+        self.rollouts = rollouts
         self._snapshots = snapshots
         self._wall_clock = wall_clock
         self.authenticator = authenticator or Authenticator()
@@ -109,6 +114,20 @@ class Gateway:
         pools = self._snapshots.current.policy.pools
         self._registry.sync((pool.name, pool.endpoints) for pool in pools)
 
+    def reload(self) -> None:
+        """Adopt the holder's current snapshot: endpoints, scheduler (plugin state restarts), health."""
+        snapshot = self._snapshots.current
+        if snapshot.version == self._scheduler_version:
+            return
+        self._scheduler = Scheduler(snapshot.policy.scheduling)
+        self._scheduler_version = snapshot.version
+        for profile in self._scheduler.profiles.values():
+            for name in (*(f.name for f in profile.filters), *(w.scorer.name for w in profile.scorers),
+                         profile.picker.name):
+                self._plugin_timers.setdefault(name, self._metrics.plugin_seconds.labels(name).observe)
+        self.health.config = HealthConfig(**snapshot.policy.health.model_dump())
+        self.sync_endpoints()
+
     def _time_plugin(self, name: str, seconds: float) -> None:
         observe = self._plugin_timers.get(name)
         if observe is not None:
@@ -116,7 +135,7 @@ class Gateway:
 
     def scheduling_request(self, exchange: Exchange, request: InferenceRequest, sequence: int = 0,
                            pool: PoolConfig | None = None) -> SchedulingRequest:
-        pool = pool or exchange.snapshot.by_model[request.model]
+        pool = pool or exchange.snapshot.by_name[exchange.pool]
         profile = self._scheduler.profile(pool.profile)
         head = exchange.head
         return SchedulingRequest(
@@ -134,6 +153,8 @@ class Gateway:
     # -- request phases -------------------------------------------------------------------------
     def request_headers(self, head: RequestHead) -> tuple[Exchange, Respond | None]:
         snapshot = self._snapshots.current
+        if snapshot.version != self._scheduler_version:
+            self.reload()
         path = head.path.partition("?")[0]
         exchange = Exchange(head, snapshot, api_for_path(path), self._clock())
         if exchange.api is None:
@@ -195,16 +216,30 @@ class Gateway:
         if exchange.api is None:  # headers phase already answered; Envoy should not send a body
             raise oai.not_found(exchange.head.path)
         if exchange.request is not None and exchange.pool:
-            return exchange.request, exchange.snapshot.by_model[exchange.request.model]
+            return exchange.request, exchange.snapshot.by_name[exchange.pool]
         bounds = exchange.snapshot.policy.bounds
         request = parse_request(exchange.api, body, max_bytes=bounds.max_body_bytes, max_depth=bounds.max_json_depth)
         exchange.request = request
         exchange.model = request.model
-        pool = exchange.snapshot.by_model.get(request.model)
-        if pool is None or not exchange.tenant.may_use(request.model):
-            raise oai.model_not_found(request.model)
+        split = exchange.snapshot.splits.get(request.model)
+        if split is not None and exchange.tenant.may_use(request.model):
+            pool = exchange.snapshot.by_name[self._split_pool(exchange, request, split)]
+        else:
+            found = exchange.snapshot.by_model.get(request.model)
+            if found is None or not exchange.tenant.may_use(request.model):
+                raise oai.model_not_found(request.model)
+            pool = found
         exchange.pool = pool.name
         return request, pool
+
+    def _split_pool(self, exchange: Exchange, request: InferenceRequest, split: SplitConfig) -> str:
+        """Weighted, sticky choice among the split's pools (weights from the shared rollout state)."""
+        weights = self.rollouts.current_weights(split.model) if self.rollouts is not None else None
+        tenant = exchange.tenant
+        return select_pool(split, weights, headers=exchange.head.headers, tier=tenant.tier,
+                           tenant=None if tenant is ANONYMOUS else tenant.name,
+                           session=exchange.head.headers.get("x-session-id"), user=request.user,
+                           request_id=exchange.request_id).pool
 
     def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
         """Decide; with `explain` the decision is only described: no lease, no learning, no counters."""
@@ -278,7 +313,7 @@ class Gateway:
         result: dict[str, Any] = {"config_version": exchange.snapshot.version, "model": exchange.model or None,
                                   "pool": exchange.pool or None}
         if isinstance(decision, Route):
-            pool = exchange.snapshot.by_model[exchange.model]
+            pool = exchange.snapshot.by_name[decision.pool]
             result.update(decision="route", profile=pool.profile, endpoints=list(decision.endpoints),
                           set_headers=dict(decision.set_headers), body_rewritten=decision.body is not None,
                           filtered_out=explanation.filtered_out, scores=explanation.scores,

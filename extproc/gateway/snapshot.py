@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from extproc.config import Policy, PoolConfig
+from extproc.rollout.config import SplitConfig
 
 
 @dataclass(frozen=True)
@@ -14,6 +15,7 @@ class Snapshot:
     version: int
     by_model: dict[str, PoolConfig] = field(default_factory=dict)
     by_name: dict[str, PoolConfig] = field(default_factory=dict)
+    splits: dict[str, SplitConfig] = field(default_factory=dict)  # client model -> weighted pools
     models_listing: bytes = b""
 
     @classmethod
@@ -22,11 +24,10 @@ class Snapshot:
         for pool in policy.pools:
             for name in (pool.model, *pool.aliases, *pool.lora_adapters):
                 by_model[name] = pool
-        listing = {
-            "object": "list",
-            "data": [{"id": name, "object": "model", "owned_by": pool.name} for name, pool in by_model.items()],
-        }
-        return cls(policy, version, by_model, {p.name: p for p in policy.pools},
+        splits = policy.rollout.by_model()
+        names = [*by_model, *(m for m in splits if m not in by_model)]
+        listing = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "gateway"} for name in names]}
+        return cls(policy, version, by_model, {p.name: p for p in policy.pools}, splits,
                    json.dumps(listing, separators=(",", ":")).encode())
 
 

@@ -26,6 +26,9 @@ class UsageReport:
     pool: str | None
     upstream_host: str | None
     response_flags: str = ""
+    # From the start of the request: first / last byte received from upstream (TTFT / e2e proxies).
+    first_byte_s: float | None = None
+    last_byte_s: float | None = None
 
 
 def encode_reservation(reservation: Reservation) -> str:

@@ -19,6 +19,7 @@ from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from extproc.gateway.usage import UsageReport, settlement
 from extproc.limits.types import Store
+from extproc.rollout.analysis import tpot_seconds
 from extproc.server.protocol import METADATA_NAMESPACE
 from extproc.telemetry import GatewayMetrics
 
@@ -63,15 +64,27 @@ def usage_report(entry: accesslog_pb2.HTTPAccessLogEntry) -> UsageReport:
         pool=_string(ours, "pool"),
         upstream_host=f"{upstream.address}:{upstream.port_value}" if upstream.address else None,
         response_flags=",".join(flag_names),
+        first_byte_s=_seconds(common.time_to_first_upstream_rx_byte),
+        last_byte_s=_seconds(common.time_to_last_upstream_rx_byte),
     )
+
+
+def _failed(report: UsageReport) -> bool:
+    return any(flag in _UPSTREAM_FAILURES for flag in report.response_flags.split(","))
+
+
+def _seconds(duration: Any) -> float | None:
+    return duration.seconds + duration.nanos / 1e9 if duration.ByteSize() else None
 
 
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     def __init__(self, store: Store, metrics: GatewayMetrics,
-                 on_outcome: Callable[[str, str | None, bool], None] | None = None) -> None:
+                 on_outcome: Callable[[str, str | None, bool], None] | None = None,
+                 on_pool_outcome: Callable[[str, bool, float | None, float | None], None] | None = None) -> None:
         self._store = store
         self._metrics = metrics
         self._on_outcome = on_outcome
+        self._on_pool_outcome = on_pool_outcome  # canary analysis: (pool, ok, ttft_s, tpot_s)
         self.entries_total = 0
         self.settled_total = 0
 
@@ -90,17 +103,27 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
     async def record(self, report: UsageReport) -> None:
         self.entries_total += 1
         pool = report.pool or "none"
-        if self._on_outcome is not None and report.upstream_host and report.status < 500:
-            # Failures after the response headers (a replica dying mid-stream) are only visible here;
-            # 5xx statuses were already counted when the response headers passed through ext_proc.
-            failed = any(flag in _UPSTREAM_FAILURES for flag in report.response_flags.split(","))
-            if failed:
-                self._on_outcome(report.upstream_host, report.pool, False)
+        # Failures after the response headers (a replica dying mid-stream) are only visible here;
+        # 5xx statuses were already counted when the response headers passed through ext_proc.
+        if self._on_outcome is not None and report.upstream_host and report.status < 500 and _failed(report):
+            self._on_outcome(report.upstream_host, report.pool, False)
         if report.prompt_tokens is not None and report.completion_tokens is not None:
             self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
             self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)
         elif report.reservation:
             self._metrics.usage_missing.labels(pool).inc()
+        if report.pool:
+            ok = report.status != 0 and report.status < 500 and not _failed(report)
+            ttft = report.first_byte_s
+            tpot = None
+            if ttft is not None and report.last_byte_s is not None and report.completion_tokens:
+                tpot = tpot_seconds(ttft, report.last_byte_s, report.completion_tokens)
+            if ttft is not None:
+                self._metrics.ttft_seconds.labels(report.pool).observe(ttft)
+            if tpot is not None:
+                self._metrics.tpot_seconds.labels(report.pool).observe(tpot)
+            if self._on_pool_outcome is not None:
+                self._on_pool_outcome(report.pool, ok, ttft, tpot)
         settle = settlement(report)
         if settle is None:
             return

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway import Gateway, RequestHead, SnapshotHolder
+from extproc.rollout.controller import RolloutError, Rollouts
 
 
 def build_admin_app(
@@ -19,6 +20,7 @@ def build_admin_app(
     snapshots: SnapshotHolder,
     is_ready: Callable[[], bool],
     gateway: Gateway,
+    rollouts: Rollouts | None = None,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(metrics_registry)
@@ -65,6 +67,26 @@ def build_admin_app(
                            end_of_stream=not raw)
         return web.json_response(gateway.explain(head, raw))
 
+    async def rollout_status(_: web.Request) -> web.Response:
+        return web.json_response({"rollouts": rollouts.describe() if rollouts is not None else []})
+
+    async def rollout_command(request: web.Request) -> web.Response:
+        """POST /rollouts/{action}?model=M (promote [&to_end=1] | pause | resume | abort | restart)."""
+        action, model = request.match_info["action"], request.query.get("model", "")
+        if rollouts is None or not model:
+            return web.json_response({"error": "needs ?model=NAME of a configured split"}, status=400)
+        commands = {"promote": lambda: rollouts.promote(model, to_end=request.query.get("to_end") == "1"),
+                    "pause": lambda: rollouts.pause(model), "resume": lambda: rollouts.resume(model),
+                    "abort": lambda: rollouts.abort(model), "restart": lambda: rollouts.restart(model)}
+        command = commands.get(action)
+        if command is None:
+            return web.json_response({"error": f"unknown action {action!r}; one of {sorted(commands)}"}, status=404)
+        try:
+            state = await command()
+        except RolloutError as exc:
+            return web.json_response({"error": str(exc)}, status=409)
+        return web.json_response({"model": model, "state": str(state)})
+
     limit = snapshots.current.policy.bounds.max_body_bytes * 2 + 65536
     app = web.Application(client_max_size=limit)
     app.router.add_get("/metrics", metrics)
@@ -72,4 +94,6 @@ def build_admin_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/debug/pools", pools)
     app.router.add_post("/debug/explain", explain)
+    app.router.add_get("/debug/rollouts", rollout_status)
+    app.router.add_post("/rollouts/{action}", rollout_command)
     return app

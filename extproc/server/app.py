@@ -17,15 +17,18 @@ from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
 from extproc.config import Policy, load_policy
+from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import EndpointRegistry, MetricsScraper
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
 from extproc.limits.redis_store import RedisStore
 from extproc.limits.types import Store, StoreUnavailable
+from extproc.rollout.controller import Rollouts
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
 from extproc.server.keys_watch import KeysWatcher, load_keys
+from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.stores import build_store
 from extproc.telemetry import GatewayMetrics
@@ -57,6 +60,8 @@ class Service:
     redis: RedisStore | None
     keys_watcher: KeysWatcher
     access_log: AccessLogService
+    rollouts: Rollouts
+    policy_watcher: PolicyWatcher | None
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -72,6 +77,9 @@ class Service:
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         await self.scraper.start()
         await self.keys_watcher.start()
+        await self.rollouts.start()
+        if self.policy_watcher is not None:
+            await self.policy_watcher.start()
         if self.redis is not None:
             try:  # connect + load scripts now, not against the first request's 5 ms deadline
                 await self.redis.warm_up()
@@ -92,6 +100,9 @@ class Service:
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
         await self.keys_watcher.stop()
+        await self.rollouts.stop()
+        if self.policy_watcher is not None:
+            await self.policy_watcher.stop()
         await self.store.close()
         await self.admin_runner.cleanup()
 
@@ -102,25 +113,30 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     snapshots = SnapshotHolder(policy)
     endpoints = EndpointRegistry()
     authenticator = Authenticator(load_keys(policy, policy_path))
-    gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator)
+    rollouts, writer = build_rollouts(policy, policy_path)
+    gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator, rollouts=rollouts)
+    reloader = Reloader(snapshots, gateway, rollouts, writer, metrics)
+    watcher = (PolicyWatcher(policy_path, reloader.apply, reloader.rejected, current=policy)
+               if policy_path is not None else None)
+    metrics.config_version.set(snapshots.current.version)
     store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS)
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store), server)
-    access_log = AccessLogService(store, metrics, gateway.record_outcome)
+    access_log = AccessLogService(store, metrics, gateway.record_outcome, rollouts.record)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
-                      KeysWatcher(policy, policy_path, authenticator), access_log)
+                      KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher)
     if isinstance(store, FailoverStore):
         failover = store
         metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)
         metrics.store_degraded_admits.set_function(lambda: float(failover.degraded_admits_total))
         metrics.store_primary_failures.set_function(lambda: float(failover.failures_total))
     service.admin_runner = web.AppRunner(
-        build_admin_app(registry, endpoints, snapshots, service.ready, gateway), access_log=None
+        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts), access_log=None
     )
     return service
 

@@ -24,6 +24,14 @@ class GatewayMetrics:
             "extproc_request_duration_seconds", "From request body to end of exchange, per pool",
             ["pool"], buckets=_DURATION_BUCKETS, registry=registry,
         )
+        self.ttft_seconds = Histogram(
+            "extproc_ttft_seconds", "Time to the first upstream response byte (for SSE: the first token), per pool",
+            ["pool"], buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=registry,
+        )
+        self.tpot_seconds = Histogram(
+            "extproc_tpot_seconds", "Time per output token after the first, per pool", ["pool"],
+            buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5), registry=registry,
+        )
         self.upstream_status = Counter(
             "extproc_upstream_responses", "Response status classes seen from upstream, per pool",
             ["pool", "status_class"], registry=registry,
@@ -58,6 +66,8 @@ class GatewayMetrics:
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)
         self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
+        self.config_version = Gauge("extproc_config_version", "Version of the policy snapshot in use",
+                                    registry=registry)
         self.config_loads = Counter(
             "extproc_config_loads", "Policy loads by result", ["result"], registry=registry
         )
