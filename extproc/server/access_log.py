@@ -119,7 +119,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
             if ttft is not None and report.last_byte_s is not None and report.completion_tokens:
                 tpot = tpot_seconds(ttft, report.last_byte_s, report.completion_tokens)
             if ttft is not None:
-                self._metrics.ttft_seconds.labels(report.pool).observe(ttft)
+                self._metrics.ttfb_seconds.labels(report.pool).observe(ttft)
             if tpot is not None:
                 self._metrics.tpot_seconds.labels(report.pool).observe(tpot)
             if self._on_pool_outcome is not None:

@@ -24,12 +24,16 @@ class GatewayMetrics:
             "extproc_request_duration_seconds", "From request body to end of exchange, per pool",
             ["pool"], buckets=_DURATION_BUCKETS, registry=registry,
         )
-        self.ttft_seconds = Histogram(
-            "extproc_ttft_seconds", "Time to the first upstream response byte (for SSE: the first token), per pool",
+        # Envoy's access log times the first upstream byte, i.e. the response headers: for JSON responses
+        # that is the whole generation; vLLM sends SSE headers before the first token, so for streams it
+        # is the time to admission, not TTFT (the engine's own TTFT histogram is vllm:time_to_first_token).
+        self.ttfb_seconds = Histogram(
+            "extproc_upstream_ttfb_seconds", "Time to the first upstream response byte (headers), per pool",
             ["pool"], buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=registry,
         )
         self.tpot_seconds = Histogram(
-            "extproc_tpot_seconds", "Time per output token after the first, per pool", ["pool"],
+            "extproc_tpot_seconds", "Time per output token, from upstream first/last byte times, per pool",
+            ["pool"],
             buckets=(0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5), registry=registry,
         )
         self.upstream_status = Counter(
