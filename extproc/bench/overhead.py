@@ -44,6 +44,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
     parser.add_argument("--json", metavar="FILE", default="reports/overhead.json", help="report path")
     parser.add_argument("--workdir", metavar="DIR", help="where config and logs go (default: temp)")
+    parser.add_argument("--store", choices=["none", "memory", "redis"], default="none",
+                        help="limits admission on every request through this store (default none: no limits); "
+                             "redis starts a redis-server; compare runs to see the store's cost")
+    parser.add_argument("--redis-server", default="redis-server", help="redis-server binary (with --store redis)")
 
 
 def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -89,12 +93,16 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
 
 async def run_overhead(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
-    grpc_port, admin_port, gw_port, envoy_admin, direct_port, bare_port = free_ports(6)
-    policy_doc = {
+    grpc_port, admin_port, gw_port, envoy_admin, direct_port, bare_port, redis_port = free_ports(7)
+    policy_doc: dict[str, Any] = {
         "service": {"grpc_port": grpc_port, "admin_port": admin_port},
         "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
         "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
     }
+    if args.store != "none":  # every dimension checked, never refusing: the cost of admission itself
+        policy_doc["tiers"] = {"default": {"limits": {"requests_per_s": 1e6, "concurrency": 100_000,
+                                                      "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
+        policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0"}
     workdir.mkdir(parents=True, exist_ok=True)
     policy_path = workdir / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy_doc))
@@ -102,9 +110,14 @@ async def run_overhead(args: argparse.Namespace) -> int:
     envoy_config = workdir / "envoy.yaml"
     envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
     variants = {"with_extproc": gw_port, "envoy_only": bare_port}
-    report: dict[str, Any] = {"rate": args.rate, "duration_s": args.duration, "rounds": args.rounds,
+    report: dict[str, Any] = {"store": args.store, "rate": args.rate, "duration_s": args.duration,
+                              "rounds": args.rounds,
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
+        if args.store == "redis":
+            redis = await group.start("redis", [args.redis_server, "--bind", "127.0.0.1", "--port", str(redis_port),
+                                                "--save", "", "--appendonly", "no"])
+            await wait_port("127.0.0.1", redis_port, 10, child=redis)
         service = await group.start("service", [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
                                                 "--config", str(policy_path)])
         await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=service)
@@ -158,7 +171,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
              "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
              "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
     print(format_table(rows, ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "max_rps"]))
-    print(f"added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, p99 {added.get('p99')} ms; "
+    print(f"[store: {args.store}] added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, "
+          f"p99 {added.get('p99')} ms; "
           f"service CPU {report['service_cpu_us_per_request']} us/request")
     path = write_json(args.json, report)
     print(f"report written to {path}")
