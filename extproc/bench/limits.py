@@ -119,6 +119,8 @@ async def run_limits(args: argparse.Namespace) -> int:
         print(f"baseline: light tenants alone for {args.baseline:g} s", file=sys.stderr)
         baseline = await run_open_loop("127.0.0.1", port, light(0), rate=2 * args.light_rate,
                                        duration_s=args.baseline, seed=1, timeout_s=30)
+        # Start on a minute boundary of the limiter's windows, so `duration` covers whole minutes.
+        await asyncio.sleep(60 - time.time() % 60)
         print(f"overload: heavy tenant at {heavy_rate:.1f} req/s (~{args.overload:g}x its limit) for "
               f"{args.duration:g} s, light tenants unchanged", file=sys.stderr)
         started_wall = time.time()

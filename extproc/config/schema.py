@@ -218,13 +218,26 @@ class HealthPolicy(_Strict):
     scrape_failures: int = Field(default=3, ge=1, description="failed scrapes in a row = unavailable")
 
 
+class DnsDiscovery(_Strict):
+    """Endpoints from DNS A/AAAA records, e.g. a Kubernetes headless Service, re-resolved on an interval.
+
+    Envoy resolves the same name itself (a STRICT_DNS cluster), so both see the same endpoints.
+    """
+
+    dns: str = Field(min_length=1, max_length=253)
+    port: Port
+    interval_s: float = Field(default=5.0, ge=0.5, le=3600)
+    family: Literal["any", "v4", "v6"] = "any"
+
+
 class PoolConfig(_Strict):
     """A set of vLLM endpoints serving one model; becomes one Envoy cluster of the same name."""
 
     name: str
     model: str = Field(description="model name the vLLM servers of this pool serve")
     aliases: tuple[str, ...] = ()
-    endpoints: tuple[str, ...] = Field(min_length=1)
+    endpoints: tuple[str, ...] = ()
+    discovery: DnsDiscovery | None = None
     fallbacks: int = Field(default=2, ge=0, le=16, description="extra endpoints listed after the pick")
     profile: str = Field(default="default", description="scheduling profile that picks endpoints in this pool")
     lora_adapters: tuple[str, ...] = Field(default=(), description="LoRA adapter names served by this pool")
@@ -236,6 +249,12 @@ class PoolConfig(_Strict):
         if not _NAME.match(value):
             raise ValueError(f"pool name {value!r} must match {_NAME.pattern} (it becomes a cluster name)")
         return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PoolConfig:
+        if bool(self.endpoints) == (self.discovery is not None):
+            raise ValueError(f"pool {self.name!r} needs either endpoints or discovery (exactly one)")
+        return self
 
     @field_validator("endpoints")
     @classmethod

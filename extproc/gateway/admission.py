@@ -39,6 +39,11 @@ def _scope(prefix: str, limits: TierLimits, lease_ttl_s: float) -> tuple[
     return rates, concurrency, budgets
 
 
+def has_limits(limits: TierLimits) -> bool:
+    return any(value is not None for value in (limits.requests_per_s, limits.concurrency, limits.tokens_per_min,
+                                                 limits.tokens_per_day))
+
+
 def admit_request(tenant: Tenant, tier: TierConfig, model: str, request_id: str, now: float, tokens: int,
                   config: LimitsConfig) -> AdmitRequest | None:
     """The checks for `tenant` on `model` (served name); None when no limit applies."""

@@ -19,6 +19,7 @@ from extproc.endpoints.health import HealthConfig, HealthTracker
 from extproc.gateway.admission import (
     Admission,
     admit_request,
+    has_limits,
     rate_limited,
     ratelimit_headers,
     refused_dimension,
@@ -74,6 +75,7 @@ class Exchange:
     reservation: Reservation | None = None
     limit_states: tuple[LimitState, ...] = ()
     body: bytes = b""
+    limited: bool = False  # the tenant has limits: its responses carry x-ratelimit-* headers
 
 
 def error_response(error: ApiError) -> Respond:
@@ -92,6 +94,7 @@ class Gateway:
         rollouts: Rollouts | None = None,
     ) -> None:
         self.rollouts = rollouts
+        self.discovered: dict[str, tuple[str, ...]] = {}  # pool -> addresses from DNS discovery
         self._snapshots = snapshots
         self._wall_clock = wall_clock
         self.authenticator = authenticator or Authenticator()
@@ -112,7 +115,12 @@ class Gateway:
 
     def sync_endpoints(self) -> None:
         pools = self._snapshots.current.policy.pools
-        self._registry.sync((pool.name, pool.endpoints) for pool in pools)
+        self._registry.sync((pool.name, self.discovered.get(pool.name, pool.endpoints)) for pool in pools)
+
+    def discovered_endpoints(self, pool: str, addresses: tuple[str, ...]) -> None:
+        """DNS discovery found a new address set for `pool` (endpoints it keeps keep their state)."""
+        self.discovered[pool] = addresses
+        self.sync_endpoints()
 
     def reload(self) -> None:
         """Adopt the holder's current snapshot: endpoints, scheduler (plugin state restarts), health."""
@@ -176,6 +184,9 @@ class Gateway:
         if declared.isdigit() and int(declared) > limit:
             return exchange, self._reject(exchange, oai.too_large(limit))
         exchange.request_id = head.request_id or uuid.uuid4().hex
+        tier = policy.tiers[exchange.tenant.tier]
+        exchange.limited = has_limits(exchange.tenant.limits or tier.limits) or has_limits(
+            exchange.tenant.model_limits or tier.model_limits)
         return exchange, None
 
     def request_body(self, exchange: Exchange, body: bytes) -> Decision | Admission:
@@ -296,11 +307,21 @@ class Gateway:
         state = self._registry.pool(pool.name)
         return self.health.usable(state.endpoints, now) if state is not None else []
 
-    def record_outcome(self, address: str, pool_name: str | None, ok: bool) -> None:
-        """A finished request's outcome on `address` (from response headers or the access log)."""
+    def record_outcome(self, address: str, pool_name: str | None, ok: bool, latency_s: float | None = None) -> None:
+        """A finished exchange's outcome on the endpoint that served it, from Envoy's access log.
+
+        Feeds the circuit breakers and the latency EWMA (time to the response headers).
+        """
         state = self._registry.pool(pool_name) if pool_name else None
-        if self.health.record(address, ok, self._clock(), state.endpoints if state is not None else ()):
+        endpoints = state.endpoints if state is not None else []
+        if self.health.record(address, ok, self._clock(), endpoints):
             self._metrics.ejections.labels(pool_name or "none").inc()
+        if ok and latency_s is not None:
+            endpoint = next((e for e in endpoints if e.address == address), None)
+            if endpoint is not None:
+                previous = endpoint.latency_ewma_s
+                endpoint.latency_ewma_s = latency_s if previous is None else (
+                    previous + _LATENCY_EWMA_ALPHA * (latency_s - previous))
 
     def explain(self, head: RequestHead, body: bytes) -> dict[str, Any]:
         """The decision this request would get now, with every endpoint's scores; nothing is sent or kept."""
@@ -331,18 +352,6 @@ class Gateway:
     def response_headers(self, exchange: Exchange, status: int) -> tuple[tuple[str, str], ...]:
         """Record the status; returns headers to add to the response (x-ratelimit-*)."""
         exchange.status = status
-        if exchange.pool:
-            self._metrics.upstream_status.labels(exchange.pool, f"{status // 100}xx").inc()
-        if exchange.leases and status:
-            # Envoy retries only failures before any response, so a 5xx came from the endpoint we leased
-            # (or a fallback of it): passive health. Resets after the headers come from the access log.
-            self.record_outcome(exchange.leases[0].endpoint.address, exchange.pool, status < 500)
-        if exchange.leases and exchange.routed_at is not None and 200 <= status < 300:
-            endpoint = exchange.leases[0].endpoint
-            sample = self._clock() - exchange.routed_at
-            previous = endpoint.latency_ewma_s
-            endpoint.latency_ewma_s = sample if previous is None else (
-                previous + _LATENCY_EWMA_ALPHA * (sample - previous))
         return ratelimit_headers(exchange.limit_states) if exchange.limit_states else ()
 
     def finish(self, exchange: Exchange) -> Reservation | None:

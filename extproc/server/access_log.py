@@ -79,7 +79,7 @@ def _seconds(duration: Any) -> float | None:
 
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     def __init__(self, store: Store, metrics: GatewayMetrics,
-                 on_outcome: Callable[[str, str | None, bool], None] | None = None,
+                 on_outcome: Callable[[str, str | None, bool, float | None], None] | None = None,
                  on_pool_outcome: Callable[[str, bool, float | None, float | None], None] | None = None) -> None:
         self._store = store
         self._metrics = metrics
@@ -103,10 +103,13 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
     async def record(self, report: UsageReport) -> None:
         self.entries_total += 1
         pool = report.pool or "none"
-        # Failures after the response headers (a replica dying mid-stream) are only visible here;
-        # 5xx statuses were already counted when the response headers passed through ext_proc.
-        if self._on_outcome is not None and report.upstream_host and report.status < 500 and _failed(report):
-            self._on_outcome(report.upstream_host, report.pool, False)
+        # Passive health: 5xx, and failures after the response headers (a replica dying mid-stream).
+        # Envoy retries only failures before any response, so this is the endpoint that answered.
+        if report.pool and report.status:
+            self._metrics.upstream_status.labels(report.pool, f"{report.status // 100}xx").inc()
+        if self._on_outcome is not None and report.upstream_host and report.pool:
+            ok = 0 < report.status < 500 and not _failed(report)
+            self._on_outcome(report.upstream_host, report.pool, ok, report.first_byte_s)
         if report.prompt_tokens is not None and report.completion_tokens is not None:
             self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
             self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import EndpointRegistry, MetricsScraper
+from extproc.endpoints.discovery import DnsDiscoverer
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
@@ -62,6 +63,7 @@ class Service:
     access_log: AccessLogService
     rollouts: Rollouts
     policy_watcher: PolicyWatcher | None
+    discovery: DnsDiscoverer
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -75,6 +77,7 @@ class Service:
         await site.start()
         sockets = self.admin_runner.addresses
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
+        self.discovery.configure(self.snapshots.current.policy.pools)
         await self.scraper.start()
         await self.keys_watcher.start()
         await self.rollouts.start()
@@ -91,7 +94,8 @@ class Service:
                  service.grpc_host, self.grpc_port, service.admin_host, self.admin_port)
 
     def ready(self) -> bool:
-        return not self.draining and any(pool.endpoints for pool in self.endpoints.pools())
+        # Ready once the policy is loaded; a pool whose DNS answers nothing yet still gets fast 503s.
+        return not self.draining
 
     async def stop(self, grace_s: float = 10.0) -> None:
         """Drain: report NOT_SERVING, stop taking streams, let in-flight ones finish for `grace_s`."""
@@ -99,6 +103,7 @@ class Service:
         await self.health.enter_graceful_shutdown()
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
+        await self.discovery.stop()
         await self.keys_watcher.stop()
         await self.rollouts.stop()
         if self.policy_watcher is not None:
@@ -115,7 +120,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     authenticator = Authenticator(load_keys(policy, policy_path))
     rollouts, writer = build_rollouts(policy, policy_path)
     gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator, rollouts=rollouts)
-    reloader = Reloader(snapshots, gateway, rollouts, writer, metrics)
+    discovery = DnsDiscoverer(gateway.discovered_endpoints)
+    reloader = Reloader(snapshots, gateway, rollouts, writer, metrics, discovery)
     watcher = (PolicyWatcher(policy_path, reloader.apply, reloader.rejected, current=policy)
                if policy_path is not None else None)
     metrics.config_version.set(snapshots.current.version)
@@ -129,7 +135,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
-                      KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher)
+                      KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
     if isinstance(store, FailoverStore):
         failover = store
         metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from extproc.config import ConfigError, Policy
+from extproc.endpoints.discovery import DnsDiscoverer
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.rollout.controller import Rollouts
 from extproc.rollout.envoy_sync import FallbackRouteWriter
@@ -55,7 +56,9 @@ class Reloader:
     """Applies a new policy from the watcher: one snapshot swap; in-flight requests keep theirs."""
 
     def __init__(self, snapshots: SnapshotHolder, gateway: Gateway, rollouts: Rollouts,
-                 writer: FallbackRouteWriter | None, metrics: GatewayMetrics) -> None:
+                 writer: FallbackRouteWriter | None, metrics: GatewayMetrics,
+                 discovery: DnsDiscoverer | None = None) -> None:
+        self._discovery = discovery
         self._snapshots = snapshots
         self._gateway = gateway
         self._rollouts = rollouts
@@ -69,6 +72,8 @@ class Reloader:
         snapshot = self._snapshots.replace(policy)
         self._gateway.reload()
         self._rollouts.configure(policy.rollout.splits)
+        if self._discovery is not None:
+            self._discovery.configure(policy.pools)
         if self._writer is not None:
             rollout = policy.rollout
             self._writer.configure(route_config(policy), cluster_header=policy.envoy.cluster_header,

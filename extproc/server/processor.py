@@ -37,7 +37,11 @@ class StreamProcessor:
         if phase == "request_headers":
             exchange, reply = self.gateway.request_headers(protocol.request_head(message.request_headers))
             self.exchange = exchange
-            return protocol.CONTINUE_REQUEST_HEADERS if reply is None else protocol.immediate_response(reply)
+            if reply is not None:
+                return protocol.immediate_response(reply)
+            if exchange.limited:
+                return protocol.CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS
+            return protocol.CONTINUE_REQUEST_HEADERS
         if phase == "request_body":
             if self.exchange is None:
                 return protocol.immediate_response(error_response(oai.bad_request("body before headers")))

@@ -6,6 +6,7 @@ The only module (with `processor.py`) that touches Envoy protos.
 from __future__ import annotations
 
 from envoy.config.core.v3 import base_pb2
+from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
@@ -15,6 +16,18 @@ from extproc.gateway import RequestHead, Respond, Route
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 CONTINUE_REQUEST_HEADERS = ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse())
+# The rendered processing mode with response headers turned on, for requests that get x-ratelimit-*.
+CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS = ext_pb.ProcessingResponse(
+    request_headers=ext_pb.HeadersResponse(),
+    mode_override=processing_mode_pb2.ProcessingMode(
+        request_header_mode=processing_mode_pb2.ProcessingMode.SEND,
+        response_header_mode=processing_mode_pb2.ProcessingMode.SEND,
+        request_body_mode=processing_mode_pb2.ProcessingMode.BUFFERED,
+        response_body_mode=processing_mode_pb2.ProcessingMode.NONE,
+        request_trailer_mode=processing_mode_pb2.ProcessingMode.SKIP,
+        response_trailer_mode=processing_mode_pb2.ProcessingMode.SKIP,
+    ),
+)
 CONTINUE_RESPONSE_HEADERS = ext_pb.ProcessingResponse(response_headers=ext_pb.HeadersResponse())
 CONTINUE_REQUEST_BODY = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse())
 

@@ -182,9 +182,12 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
                 "metadata_options": {"receiving_namespaces": {"untyped": ["extproc"]}},
                 "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
+                # Response headers only for requests that get x-ratelimit-* headers: the service turns them
+                # on per request (mode_override) when the tenant has limits; outcomes come from the access log.
+                "allow_mode_override": True,
                 "processing_mode": {
                     "request_header_mode": "SEND",
-                    "response_header_mode": "SEND",
+                    "response_header_mode": "SKIP",
                     "request_body_mode": "BUFFERED",
                     "response_body_mode": "NONE",
                     "request_trailer_mode": "SKIP",
@@ -269,7 +272,10 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
 
 
 def load_assignment(pool: PoolConfig) -> dict[str, Any]:
-    endpoints = [{"endpoint": {"address": _address(*parse_endpoint(a))}} for a in pool.endpoints]
+    if pool.discovery is not None:  # Envoy resolves the same name our service does
+        endpoints = [{"endpoint": {"address": _address(pool.discovery.dns, pool.discovery.port)}}]
+    else:
+        endpoints = [{"endpoint": {"address": _address(*parse_endpoint(a))}} for a in pool.endpoints]
     return {
         "@type": _T + "config.endpoint.v3.ClusterLoadAssignment",
         "cluster_name": pool.name,
@@ -311,7 +317,14 @@ def _pool_cluster(pool: PoolConfig, envoy: EnvoyConfig, eds: dict[str, Any] | No
             "max_retries": 3,
         }]},
     }
-    if eds is None:
+    if pool.discovery is not None:
+        cluster["type"] = "STRICT_DNS"
+        cluster["dns_refresh_rate"] = _seconds(pool.discovery.interval_s)
+        cluster["dns_lookup_family"] = {"any": "ALL", "v4": "V4_ONLY", "v6": "V6_ONLY"}[pool.discovery.family]
+        assignment = load_assignment(pool)
+        assignment.pop("@type")
+        cluster["load_assignment"] = assignment
+    elif eds is None:
         cluster["type"] = "STATIC"
         assignment = load_assignment(pool)
         assignment.pop("@type")
@@ -355,6 +368,9 @@ def render_files(policy: Policy, directory: Path) -> dict[str, dict[str, Any]]:
     files["rds.yaml"] = {"resources": [route_config(policy)]}
     clusters = [extproc_cluster(policy)]
     for pool in policy.pools:
+        if pool.discovery is not None:
+            clusters.append(_pool_cluster(pool, policy.envoy, None))
+            continue
         name = f"eds-{pool.name}.yaml"
         files[name] = {"resources": [load_assignment(pool)]}
         clusters.append(_pool_cluster(pool, policy.envoy, _file_source(directory, name)))

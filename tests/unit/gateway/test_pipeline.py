@@ -181,7 +181,7 @@ def test_unhealthy_pool_falls_back_to_backup_or_503() -> None:
     assert error_of(gateway.request_body(exchange, chat())) == (503, "no_capacity")
 
 
-def test_5xx_responses_eject_the_endpoint() -> None:
+def test_failed_outcomes_eject_the_endpoint() -> None:
     gateway, _, _ = make_gateway()
     long_prompt = json.dumps({"model": "chat", "messages": [{"role": "system", "content": "rules " * 200}]}).encode()
     served = set()
@@ -190,10 +190,22 @@ def test_5xx_responses_eject_the_endpoint() -> None:
         decision = gateway.request_body(exchange, long_prompt)
         assert isinstance(decision, Route)
         served.add(decision.endpoints[0])
-        gateway.response_headers(exchange, 503)
         gateway.finish(exchange)
+        gateway.record_outcome(decision.endpoints[0], decision.pool, ok=False)  # what the access log reports
     assert len(served) == 1
     assert [a for a, state in gateway.health.states(0.0).items() if state == "open"] == [served.pop()]
     exchange, _ = gateway.request_headers(head())
     decision = gateway.request_body(exchange, long_prompt)
     assert isinstance(decision, Route) and len(decision.endpoints) == 2  # the ejected one is not offered
+
+
+def test_discovered_endpoints_replace_the_pool_and_keep_state() -> None:
+    gateway, registry, _ = make_gateway()
+    pool = registry.pool("chat")
+    assert pool is not None
+    pool.endpoints[0].in_flight = 2
+    gateway.discovered_endpoints("chat", ("10.0.0.1:8000", "10.0.0.9:8000"))
+    refreshed = registry.pool("chat")
+    assert refreshed is not None
+    assert [e.address for e in refreshed.endpoints] == ["10.0.0.1:8000", "10.0.0.9:8000"]
+    assert refreshed.endpoints[0].in_flight == 2

@@ -78,3 +78,19 @@ def test_write_config_is_complete_and_leaves_no_temp_files(tmp_path: Path) -> No
     assert written[-1] == tmp_path / "static" / "envoy.yaml"
     assert yaml.safe_load((tmp_path / "bootstrap.yaml").read_text())["dynamic_resources"]["lds_config"][
         "path_config_source"]["watched_directory"]["path"] == str(tmp_path.resolve())
+
+
+def test_dns_discovered_pool_is_a_strict_dns_cluster() -> None:
+    policy = parse_policy("""\
+pools:
+  - name: chat
+    model: m
+    discovery: {dns: vllm.ns.svc.cluster.local, port: 8000, interval_s: 2, family: v4}
+""")
+    files = render_files(policy, Path("/cfg"))
+    cluster = next(c for c in files["cds.yaml"]["resources"] if c["name"] == "chat")
+    assert cluster["type"] == "STRICT_DNS" and cluster["dns_lookup_family"] == "V4_ONLY"
+    assert cluster["dns_refresh_rate"] == "2s"
+    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"] == {"address": "vllm.ns.svc.cluster.local", "port_value": 8000}
+    assert "eds-chat.yaml" not in files
