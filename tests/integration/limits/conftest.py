@@ -11,15 +11,6 @@ from tests.integration.limits.redis_server import RedisServer
 _prefixes = itertools.count()
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.kill()
-
-
 @pytest.fixture
 def servers() -> Iterator[Callable[..., RedisServer]]:
     """Factory of extra redis-servers a test may kill and restart; all killed at the end."""

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
 
 import pytest
 
@@ -9,16 +8,6 @@ from extproc.rollout import RedisRolloutStore
 from tests.integration.limits.redis_server import RedisServer
 
 _prefixes = itertools.count()
-
-
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    """A real redis-server on a free 127.0.0.1 port (the test FAILS if redis-server is missing)."""
-    server = RedisServer().start()
-    try:
-        yield server
-    finally:
-        server.kill()
 
 
 @pytest.fixture
