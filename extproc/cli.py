@@ -131,6 +131,12 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         return 2
 
 
+def _cmd_bench_canary(args: argparse.Namespace) -> int:
+    from extproc.bench.canary import run_canary
+
+    return _run_async(run_canary(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -236,6 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     routing_configure(routing)
     routing.set_defaults(handler=_cmd_bench_routing)
+    canary = bench_commands.add_parser(
+        "canary", help="Canary rollout under load: a faulty canary rolled back, a healthy one promoted.",
+        description="Two simulated pools behind one split with a rollout, open-loop load until the rollout ends; "
+                    "prints the weight timeline, reaction times, error shares and CPU, and writes JSON.")
+    from extproc.bench.canary import configure as canary_configure
+
+    canary_configure(canary)
+    canary.set_defaults(handler=_cmd_bench_canary)
     return parser
 
 

@@ -25,6 +25,10 @@ class EndpointMetrics:
     prefix_hits: float = 0.0  # vllm:prefix_cache_hits_total (tokens)
     block_size: int = 16  # vllm:cache_config_info{block_size}
     num_gpu_blocks: int = 0  # vllm:cache_config_info{num_gpu_blocks}
+    # vllm:time_to_first_token_seconds histogram: (upper bound, cumulative count), sum, count.
+    ttft_buckets: tuple[tuple[float, float], ...] = ()
+    ttft_sum: float = 0.0
+    ttft_count: float = 0.0
 
 
 @dataclass(slots=True, eq=False)

@@ -27,13 +27,17 @@ _HITS = "vllm:prefix_cache_hits_total"
 _HITS_OLD = "vllm:gpu_prefix_cache_hits_total"
 _LORA = "vllm:lora_requests_info"
 _CACHE = "vllm:cache_config_info"
+_TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
+_TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
+_TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
 
 # A sample line: name, optional {labels}, whitespace, value, optional timestamp. The name alternation is
 # followed by `{` or blank so that `vllm:num_requests_running_foo` never matches. The label group is greedy
 # up to the last `}` of the line: a value and a timestamp cannot contain `}`, label values can.
 _SAMPLE_BODY = (
     r"(vllm:(?:num_requests_(?:running|waiting)|(?:kv|gpu)_cache_usage_perc"
-    r"|(?:gpu_)?prefix_cache_(?:queries|hits)_total|lora_requests_info|cache_config_info))"
+    r"|(?:gpu_)?prefix_cache_(?:queries|hits)_total|lora_requests_info|cache_config_info"
+    r"|time_to_first_token_seconds_(?:bucket|sum|count)))"
     r"(?:\{([^\n]*)\})?[ \t]+([^ \t\r\n]+)"
 )
 _FIRST_SAMPLE = re.compile(_SAMPLE_BODY)
@@ -58,6 +62,7 @@ _NUM_GPU_BLOCKS = _label_pattern("num_gpu_blocks")
 _MAX_LORA = _label_pattern("max_lora")
 _RUNNING_ADAPTERS = _label_pattern("running_lora_adapters")
 _WAITING_ADAPTERS = _label_pattern("waiting_lora_adapters")
+_LE = _label_pattern("le")
 
 
 def _unescape_char(match: re.Match[str]) -> str:
@@ -106,6 +111,7 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
     lora_stamp = float("-inf")
     cache_labels: str | None = None
     kv = kv_old = -1.0
+    ttft: dict[float, float] = {}  # bucket upper bound -> cumulative count, summed over label sets
     first = _FIRST_SAMPLE.match(text)
     for match in chain((first,) if first is not None else (), _SAMPLE.finditer(text)):
         name, labels, raw = match.groups()
@@ -125,6 +131,14 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
                 lora_labels = labels or ""
         elif name == _CACHE:
             cache_labels = labels or ""
+        elif name == _TTFT_BUCKET:
+            bound = _label(_LE, labels or "")
+            try:
+                upper = float(bound) if bound is not None else None
+            except ValueError:
+                upper = None
+            if upper is not None:
+                ttft[upper] = ttft.get(upper, 0.0) + value
         else:
             sums[name] = sums.get(name, 0.0) + value
 
@@ -153,4 +167,7 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
         prefix_hits=sums.get(_HITS, sums.get(_HITS_OLD, 0.0)),
         block_size=block_size,
         num_gpu_blocks=num_gpu_blocks,
+        ttft_buckets=tuple(sorted(ttft.items())),
+        ttft_sum=sums.get(_TTFT_SUM, 0.0),
+        ttft_count=sums.get(_TTFT_COUNT, 0.0),
     )

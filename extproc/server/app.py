@@ -33,6 +33,7 @@ from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.stores import build_store
 from extproc.telemetry import GatewayMetrics
+from extproc.telemetry.pool_ttft import PoolTtftCollector
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     metrics = GatewayMetrics(registry)
     snapshots = SnapshotHolder(policy)
     endpoints = EndpointRegistry()
+    registry.register(PoolTtftCollector(endpoints))
     authenticator = Authenticator(load_keys(policy, policy_path))
     rollouts, writer = build_rollouts(policy, policy_path)
     gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator, rollouts=rollouts)

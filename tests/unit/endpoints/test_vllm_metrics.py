@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -112,6 +113,9 @@ def test_fixture_is_a_typical_page() -> None:
 
 def test_parses_a_real_looking_vllm_page() -> None:
     metrics = parse_vllm_metrics(VLLM_PAGE, 12.5)
+    assert metrics.ttft_count == 759.0 and metrics.ttft_buckets[-1] == (float("inf"), 759.0)
+    assert len(metrics.ttft_buckets) == 23
+    metrics = dataclasses.replace(metrics, ttft_buckets=(), ttft_sum=0.0, ttft_count=0.0)
     assert metrics == EndpointMetrics(
         scraped_at=12.5,
         running=7.0,
@@ -229,3 +233,22 @@ def test_random_garbage_never_raises() -> None:
         cut = rng.randrange(0, len(page) + 1)
         result = parse_vllm_metrics(page[:cut] + noise + page[cut:], 0.0)
         assert 0.0 <= result.kv_usage <= 1.0
+
+
+def test_ttft_histogram_is_summed_over_label_sets() -> None:
+    from extproc.endpoints import parse_vllm_metrics
+
+    page = "\n".join([
+        '# TYPE vllm:time_to_first_token_seconds histogram',
+        'vllm:time_to_first_token_seconds_bucket{le="0.1",model_name="a"} 3.0',
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf",model_name="a"} 5.0',
+        'vllm:time_to_first_token_seconds_bucket{model_name="b",le="0.1"} 1.0',
+        'vllm:time_to_first_token_seconds_bucket{model_name="b",le="+Inf"} 1.0',
+        'vllm:time_to_first_token_seconds_sum{model_name="a"} 0.75',
+        'vllm:time_to_first_token_seconds_count{model_name="a"} 5.0',
+        'vllm:time_to_first_token_seconds_count{model_name="b"} 1.0',
+        "",
+    ])
+    metrics = parse_vllm_metrics(page, 1.0)
+    assert metrics.ttft_buckets == ((0.1, 4.0), (float("inf"), 6.0))
+    assert metrics.ttft_sum == 0.75 and metrics.ttft_count == 6.0
