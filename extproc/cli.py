@@ -25,7 +25,8 @@ def _run_async(main: Coroutine[Any, Any, int]) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from extproc.server import run
 
-    return _run_async(run(Path(args.config), grace_s=args.grace, grpc_port=args.grpc_port, admin_port=args.admin_port))
+    return _run_async(run(Path(args.config), grace_s=args.grace, grpc_port=args.grpc_port, admin_port=args.admin_port,
+                          drain_delay_s=args.drain_delay))
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -150,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = add("serve", _cmd_serve, "Run the ext_proc service (gRPC ext_proc + health, admin HTTP).")
     serve.add_argument("--config", required=True, help="policy YAML file")
     serve.add_argument("--grace", type=float, default=10.0, help="seconds to drain in-flight streams on SIGTERM")
+    serve.add_argument("--drain-delay", type=float, default=3.0,
+                       help="seconds to keep serving after SIGTERM while health reports NOT_SERVING, so Envoy's "
+                            "health check moves new streams to other replicas first (default 3)")
     serve.add_argument("--grpc-port", type=int, help="override service.grpc_port (several replicas on one host)")
     serve.add_argument("--admin-port", type=int, help="override service.admin_port")
 

@@ -39,6 +39,7 @@ Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections.abc import Awaitable, Sequence
@@ -47,6 +48,7 @@ from typing import TypeVar
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from extproc.limits._lua import ADMIT, CANCEL, SETTLE
@@ -233,7 +235,13 @@ class RedisStore:
         try:
             async with asyncio.timeout(self._timeout_s):
                 return await pending
-        except (RedisError, OSError, TimeoutError) as exc:
+        except (RedisConnectionError, OSError) as exc:
+            # A restarted Redis leaves every pooled connection broken; drop the idle ones now so the
+            # next calls reconnect instead of each failing once on its own stale socket.
+            with contextlib.suppress(Exception):
+                await self._redis.connection_pool.disconnect(inuse_connections=False)
+            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+        except (RedisError, TimeoutError) as exc:
             raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
 

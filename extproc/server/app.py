@@ -98,10 +98,13 @@ class Service:
         # Ready once the policy is loaded; a pool whose DNS answers nothing yet still gets fast 503s.
         return not self.draining
 
-    async def stop(self, grace_s: float = 10.0) -> None:
-        """Drain: report NOT_SERVING, stop taking streams, let in-flight ones finish for `grace_s`."""
+    async def stop(self, grace_s: float = 10.0, drain_delay_s: float = 0.0) -> None:
+        """Drain: report NOT_SERVING, keep serving new streams for `drain_delay_s` while Envoy's health
+        check takes this replica out, then stop taking streams and let in-flight ones finish for `grace_s`."""
         self.draining = True
         await self.health.enter_graceful_shutdown()
+        if drain_delay_s > 0:
+            await asyncio.sleep(drain_delay_s)
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
         await self.discovery.stop()
@@ -150,7 +153,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
 
 
 async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = None,
-              admin_port: int | None = None) -> int:
+              admin_port: int | None = None, drain_delay_s: float = 3.0) -> int:
     policy = load_policy(policy_path)
     overrides = {k: v for k, v in (("grpc_port", grpc_port), ("admin_port", admin_port)) if v is not None}
     if overrides:
@@ -162,6 +165,6 @@ async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("draining (grace %.0fs)", grace_s)
-    await service.stop(grace_s)
+    log.info("draining: NOT_SERVING for %.1fs, then in-flight streams get %.0fs", drain_delay_s, grace_s)
+    await service.stop(grace_s, drain_delay_s)
     return 0

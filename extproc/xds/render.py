@@ -179,6 +179,8 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 "@type": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
                 "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
                 "failure_mode_allow": envoy.failure_mode_allow,
+                # A slow or unreachable processor answers 500 (mapped to an OpenAI error), not Envoy's 504.
+                "status_on_error": {"code": 500},
                 # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
                 "metadata_options": {"receiving_namespaces": {"untyped": ["extproc"]}},
                 "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
@@ -350,7 +352,10 @@ def extproc_cluster(policy: Policy) -> dict[str, Any]:
         "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": _address(host, port)}} for host, port in addresses]}]},
         "health_checks": [{
-            "timeout": "0.5s", "interval": "2s", "unhealthy_threshold": 2, "healthy_threshold": 1,
+            # no_traffic_interval: without it Envoy re-checks an idle cluster only every 60 s, so a drained
+            # replica would keep getting streams.
+            "timeout": "0.5s", "interval": "1s", "no_traffic_interval": "1s", "unhealthy_threshold": 2,
+            "healthy_threshold": 1,
             "grpc_health_check": {"service_name": "envoy.service.ext_proc.v3.ExternalProcessor"},
         }],
     }
