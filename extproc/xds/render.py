@@ -35,9 +35,12 @@ _ENVOY_FAILURES: tuple[tuple[str, int | None, str, str, str], ...] = (
     ("URX", 503, "server_error", "upstream_retry_limit_exceeded", "The model server failed after retries"),
     ("UC", 503, "server_error", "upstream_connection_terminated", "The model server closed the connection"),
 )
-_BY_STATUS: tuple[tuple[int, str, str, str], ...] = (
-    (413, "invalid_request_error", "request_too_large", "Request body exceeds the gateway's size limit"),
-    (500, "server_error", "gateway_error", "The gateway could not process the request"),
+_BY_STATUS: tuple[tuple[int, int, str, str, str], ...] = (
+    (413, 413, "invalid_request_error", "request_too_large", "Request body exceeds the gateway's size limit"),
+    (500, 500, "server_error", "gateway_error", "The gateway could not process the request"),
+    # ext_proc's message timeout answers 504 with an empty body (status_on_error covers only gRPC
+    # errors); an upstream timeout also is 504 but carries the UT flag and was mapped above.
+    (504, 500, "server_error", "gateway_error", "The gateway could not process the request"),
 )
 
 
@@ -75,10 +78,11 @@ def _local_reply_config() -> dict[str, Any]:
         for flag, status, error_type, code, message in _ENVOY_FAILURES
     ]
     # Body over the buffer limit (Envoy's own 413) and ext_proc failures (500 from the filter).
-    for status, error_type, code, message in _BY_STATUS:
+    for status, answer, error_type, code, message in _BY_STATUS:
         mappers.append({
             "filter": {"status_code_filter": {"comparison": {
                 "op": "EQ", "value": {"default_value": status, "runtime_key": f"extproc.local_reply.{status}"}}}},
+            **({"status_code": answer} if answer != status else {}),
             "body_format_override": _openai_error_format(error_type, code, message),
         })
     return {"mappers": mappers}
