@@ -138,6 +138,12 @@ def _cmd_bench_canary(args: argparse.Namespace) -> int:
     return _run_async(run_canary(args))
 
 
+def _cmd_bench_failover(args: argparse.Namespace) -> int:
+    from extproc.bench.failover import run_failover
+
+    return _run_async(run_failover(args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="extproc", description=__doc__)
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -254,6 +260,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     canary_configure(canary)
     canary.set_defaults(handler=_cmd_bench_canary)
+    failover = bench_commands.add_parser(
+        "failover", help="Kill 1 of N replicas under load: client errors, ejection and recovery times.",
+        description="Kill one simulated replica under steady load, bring it back; report client errors, how fast "
+                    "the router stopped and resumed picking it, and latency.")
+    from extproc.bench.failover import configure as failover_configure
+
+    failover_configure(failover)
+    failover.set_defaults(handler=_cmd_bench_failover)
     return parser
 
 
