@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import importlib
+import inspect
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
@@ -66,18 +69,6 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return _run_async(run_demo(args))
 
 
-def _cmd_bench_overhead(args: argparse.Namespace) -> int:
-    from extproc.bench.overhead import run_overhead
-
-    return _run_async(run_overhead(args))
-
-
-def _cmd_bench_scheduling(args: argparse.Namespace) -> int:
-    from extproc.bench.scheduling import run_scheduling
-
-    return run_scheduling(args)
-
-
 def _cmd_keys(args: argparse.Namespace) -> int:
     import secrets
 
@@ -93,18 +84,6 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         return 2
     print(hash_key(key))
     return 0
-
-
-def _cmd_bench_limits(args: argparse.Namespace) -> int:
-    from extproc.bench.limits import run_limits
-
-    return _run_async(run_limits(args))
-
-
-def _cmd_bench_routing(args: argparse.Namespace) -> int:
-    from extproc.bench.routing import run_routing
-
-    return _run_async(run_routing(args))
 
 
 def _cmd_rollout(args: argparse.Namespace) -> int:
@@ -132,16 +111,37 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
         return 2
 
 
-def _cmd_bench_canary(args: argparse.Namespace) -> int:
-    from extproc.bench.canary import run_canary
+# name -> (module, runner, help, description); every module has `configure(parser)` and the runner.
+BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
+    "overhead": ("extproc.bench.overhead", "run_overhead",
+                 "Latency added by our filter: the same load through Envoy with and without it.",
+                 "Latency added by our filter: the same load through Envoy with and without it "
+                 "(backend: an Envoy direct_response)."),
+    "scheduling": ("extproc.bench.scheduling", "run_scheduling",
+                   "CPU cost of one routing decision (parse + prefix hashing + scheduling), no network.",
+                   "CPU cost of one routing decision inside the service for several prompt sizes."),
+    "limits": ("extproc.bench.limits", "run_limits",
+               "Token limits across service replicas sharing Redis: one tenant at 5x its limit.",
+               "Token limits across service replicas sharing Redis: one tenant offered 5x its tokens per minute; "
+               "prints the tokens it really consumed per minute and the other tenants' latency."),
+    "routing": ("extproc.bench.routing", "run_routing",
+                "TTFT, prefix-cache hit rate and load spread: Envoy LB policies vs our profiles.",
+                "Open-loop load against a simulated fleet through real Envoy, for Envoy's own round-robin and "
+                "least-request and for our scheduling profiles; writes JSON, Markdown and PNG plots."),
+    "canary": ("extproc.bench.canary", "run_canary",
+               "Canary rollout under load: a faulty canary rolled back, a healthy one promoted.",
+               "Two simulated pools behind one split with a rollout, open-loop load until the rollout ends; "
+               "prints the weight timeline, reaction times, error shares and CPU, and writes JSON."),
+    "failover": ("extproc.bench.failover", "run_failover",
+                 "Kill 1 of N replicas under load: client errors, ejection and recovery times.",
+                 "Kill one simulated replica under steady load, bring it back; report client errors, how fast "
+                 "the router stopped and resumed picking it, and latency."),
+}
 
-    return _run_async(run_canary(args))
 
-
-def _cmd_bench_failover(args: argparse.Namespace) -> int:
-    from extproc.bench.failover import run_failover
-
-    return _run_async(run_failover(args))
+def _cmd_bench(module_name: str, runner: str, args: argparse.Namespace) -> int:
+    result = getattr(importlib.import_module(module_name), runner)(args)
+    return _run_async(result) if inspect.iscoroutine(result) else int(result)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -220,54 +220,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="Benchmarks that print numbers and write reports.",
                                 description="Benchmarks that print numbers and write reports.")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True, metavar="BENCHMARK")
-    overhead = bench_commands.add_parser(
-        "overhead", help="Latency added by our filter: the same load through Envoy with and without it.",
-        description="Latency added by our filter: the same load through Envoy with and without it "
-                    "(backend: an Envoy direct_response).",
-    )
-    from extproc.bench.overhead import configure as overhead_configure
-
-    overhead_configure(overhead)
-    overhead.set_defaults(handler=_cmd_bench_overhead)
-    scheduling = bench_commands.add_parser(
-        "scheduling", help="CPU cost of one routing decision (parse + prefix hashing + scheduling), no network.",
-        description="CPU cost of one routing decision inside the service for several prompt sizes.")
-    from extproc.bench.scheduling import configure as scheduling_configure
-
-    scheduling_configure(scheduling)
-    scheduling.set_defaults(handler=_cmd_bench_scheduling)
-    limits = bench_commands.add_parser(
-        "limits", help="Token limits across service replicas sharing Redis: one tenant at 5x its limit.",
-        description="Token limits across service replicas sharing Redis: one tenant offered 5x its tokens per "
-                    "minute; prints the tokens it really consumed per minute and the other tenants' latency.")
-    from extproc.bench.limits import configure as limits_configure
-
-    limits_configure(limits)
-    limits.set_defaults(handler=_cmd_bench_limits)
-    routing = bench_commands.add_parser(
-        "routing", help="TTFT, prefix-cache hit rate and load spread: Envoy LB policies vs our profiles.",
-        description="Open-loop load against a simulated fleet through real Envoy, for Envoy's own round-robin and "
-                    "least-request and for our scheduling profiles; writes JSON, Markdown and PNG plots.")
-    from extproc.bench.routing import configure as routing_configure
-
-    routing_configure(routing)
-    routing.set_defaults(handler=_cmd_bench_routing)
-    canary = bench_commands.add_parser(
-        "canary", help="Canary rollout under load: a faulty canary rolled back, a healthy one promoted.",
-        description="Two simulated pools behind one split with a rollout, open-loop load until the rollout ends; "
-                    "prints the weight timeline, reaction times, error shares and CPU, and writes JSON.")
-    from extproc.bench.canary import configure as canary_configure
-
-    canary_configure(canary)
-    canary.set_defaults(handler=_cmd_bench_canary)
-    failover = bench_commands.add_parser(
-        "failover", help="Kill 1 of N replicas under load: client errors, ejection and recovery times.",
-        description="Kill one simulated replica under steady load, bring it back; report client errors, how fast "
-                    "the router stopped and resumed picking it, and latency.")
-    from extproc.bench.failover import configure as failover_configure
-
-    failover_configure(failover)
-    failover.set_defaults(handler=_cmd_bench_failover)
+    for name, (module_name, runner, summary, description) in BENCHMARKS.items():
+        sub = bench_commands.add_parser(name, help=summary, description=description)
+        module = importlib.import_module(module_name)
+        module.configure(sub)
+        sub.set_defaults(handler=functools.partial(_cmd_bench, module_name, runner))
     return parser
 
 
