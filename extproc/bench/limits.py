@@ -133,7 +133,9 @@ async def run_limits(args: argparse.Namespace) -> int:
         report["cpu_seconds"] = group.cpu_seconds()
         report["degraded_admits"] = await _degraded_admits(stack.admin_urls)
     usage = minute_usage(heavy, started_wall)
-    first, last = math.ceil(started_wall / 60), math.floor((started_wall + args.duration) / 60)
+    # The run starts just after a minute boundary: that minute counts as whole if under a second was missed.
+    first = int(started_wall // 60) if started_wall % 60 < 1.0 else math.ceil(started_wall / 60)
+    last = math.floor((started_wall + args.duration + 1.0) / 60)
     full = {m: usage.get(m, 0) for m in range(first, last)}  # whole minutes inside the run
     shares = {str(m): round(v / args.tokens_per_min, 4) for m, v in full.items()}
     refused = sum(1 for s in heavy if s.status == 429)
