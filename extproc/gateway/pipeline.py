@@ -48,8 +48,6 @@ from extproc.telemetry import GatewayMetrics
 from extproc.tenants import ANONYMOUS, Tenant
 
 _JSON = (("content-type", "application/json"),)
-# Expected completion length when the request sets no max_tokens (for in-flight token accounting).
-_DEFAULT_OUTPUT_TOKENS = 256
 _LATENCY_EWMA_ALPHA = 0.2
 
 
@@ -274,7 +272,8 @@ class Gateway:
             self._sequence = sequence
             self.health.picked(picked[0], now)
             self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
-            expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or _DEFAULT_OUTPUT_TOKENS)
+            default_output = exchange.snapshot.policy.limits.default_output_tokens
+            expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or default_output)
             exchange.leases.append(Lease(picked[0], expected))
             exchange.routed_at = self._clock()
             exchange.outcome = "routed"
