@@ -110,6 +110,8 @@ async def run_demo(args: argparse.Namespace) -> int:
             write_json(args.json, summary)
             print(f"summary written to {args.json}")
         if args.keep_running:
-            print("stack kept running; Ctrl-C to stop", file=sys.stderr)
+            print(f"stack kept running; try: curl {stack.admin_url}/metrics | grep pool_ttft  (Ctrl-C to stop)",
+                  file=sys.stderr)
             await asyncio.Event().wait()
+        print("the stack stops now; `extproc demo --keep-running` keeps it (and /metrics) up afterwards")
     return 0 if summary["errors"] == 0 else 1
