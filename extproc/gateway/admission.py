@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from extproc.config.schema import LimitsConfig, TierConfig, TierLimits
-from extproc.limits.types import AdmitRequest, ConcurrencyLimit, LimitState, RateLimit, Reservation, TokenBudget
+from extproc.limits.types import AdmitRequest, ConcurrencyLimit, LimitState, RateLimit, TokenBudget
 from extproc.openai.errors import ApiError
 from extproc.tenants import Tenant
 
@@ -60,10 +60,6 @@ def admit_request(tenant: Tenant, tier: TierConfig, model: str, request_id: str,
     if not (rates or concurrency or budgets):
         return None
     return AdmitRequest(request_id, now, tokens, tuple(rates), tuple(concurrency), tuple(budgets))
-
-
-def reservation(request: AdmitRequest) -> Reservation:
-    return Reservation(request.request_id, request.tokens, request.concurrency, request.budgets, request.now)
 
 
 def _duration(seconds: float) -> str:

@@ -23,7 +23,6 @@ from extproc.gateway.admission import (
     rate_limited,
     ratelimit_headers,
     refused_dimension,
-    reservation,
 )
 from extproc.gateway.auth import Authenticator
 from extproc.gateway.snapshot import Snapshot, SnapshotHolder
@@ -213,7 +212,7 @@ class Gateway:
         if not result.admitted or exchange.admission is None:
             self._metrics.rate_limited.labels(refused_dimension(result.refused_by)).inc()
             return self._reject(exchange, rate_limited(result.refused_by, result.retry_after_s, result.states))
-        exchange.reservation = reservation(exchange.admission)
+        exchange.reservation = Reservation.of(exchange.admission)
         try:
             return self._route(exchange, exchange.body)
         except ApiError as error:

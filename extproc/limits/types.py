@@ -81,6 +81,11 @@ class Reservation:
     budgets: tuple[TokenBudget, ...]
     admitted_at: float
 
+    @classmethod
+    def of(cls, request: AdmitRequest) -> Reservation:
+        """What an admitted `request` holds."""
+        return cls(request.request_id, request.tokens, request.concurrency, request.budgets, request.now)
+
 
 class StoreUnavailable(Exception):
     """The store could not answer within its deadline (Redis down or slow)."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from pathlib import Path
 
 from extproc.config import ConfigError, Policy
+from extproc.config.watch import Signature, file_signature
 from extproc.gateway.auth import Authenticator
 from extproc.tenants import KeyRing
 
@@ -35,17 +35,13 @@ class KeysWatcher:
         self._path = _resolve(policy.auth.keys_file, policy_path) if policy.auth.keys_file else None
         self._authenticator = authenticator
         self._task: asyncio.Task[None] | None = None
-        self._signature: tuple[int, int] | None = None
+        self._signature: Signature | None = None
         self.reloads_total = 0
         self.errors_total = 0
 
-    def _stat(self) -> tuple[int, int] | None:
+    def _stat(self) -> Signature | None:
         assert self._path is not None
-        try:
-            info = os.stat(self._path)  # follows the ..data symlink swap of a Kubernetes Secret volume
-        except OSError:
-            return None
-        return info.st_mtime_ns, info.st_size
+        return file_signature(self._path)  # follows the ..data symlink swap of a Kubernetes Secret volume
 
     async def start(self) -> None:
         if self._path is None or self._policy.auth.mode != "api-key":

@@ -28,7 +28,7 @@ def req(rid: str, at: float, tokens: int = 0, rates: tuple[RateLimit, ...] = (),
 
 
 def held(request: AdmitRequest) -> Reservation:
-    return Reservation(request.request_id, request.tokens, request.concurrency, request.budgets, request.now)
+    return Reservation.of(request)
 
 
 def state(result: AdmitResult, name: str) -> LimitState:

@@ -1,9 +1,9 @@
 from __future__ import annotations
 
 from extproc.config.schema import LimitsConfig, TierConfig, TierLimits
-from extproc.gateway.admission import admit_request, rate_limited, ratelimit_headers, reservation
+from extproc.gateway.admission import admit_request, rate_limited, ratelimit_headers
 from extproc.gateway.usage import UsageReport, decode_reservation, encode_reservation, settlement
-from extproc.limits.types import LimitState
+from extproc.limits.types import LimitState, Reservation
 from extproc.tenants import Tenant
 
 TIER = TierConfig(limits=TierLimits(requests_per_s=5, concurrency=2, tokens_per_min=1000, tokens_per_day=50_000),
@@ -50,7 +50,7 @@ def test_rate_limited_error() -> None:
 def test_reservation_round_trip_and_settlement_rules() -> None:
     request = admit_request(Tenant("a", "default", frozenset()), TIER, "m", "r9", 123.456, 300, LimitsConfig())
     assert request is not None
-    held = reservation(request)
+    held = Reservation.of(request)
     encoded = encode_reservation(held)
     decoded = decode_reservation(encoded)
     assert decoded is not None and decoded.tokens == 300 and decoded.budgets == held.budgets
