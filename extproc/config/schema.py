@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from extproc.flow.config import FlowControlConfig
 from extproc.rollout.config import RolloutPolicy, check_splits
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -167,7 +168,11 @@ class TierLimits(_Strict):
 class TierConfig(_Strict):
     """What every tenant of a tier gets; tenants may override limits in the keys file."""
 
-    priority: int = 0
+    # Flow control: the tier's priority class (default: flow_control.default_class), the highest class
+    # its requests may ask for with the priority header (default: its own), its fair-share weight.
+    priority: str | None = None
+    max_priority: str | None = None
+    weight: float = Field(default=1.0, gt=0, le=1000)
     limits: TierLimits = TierLimits()  # the tenant's total over all models
     model_limits: TierLimits = TierLimits()  # the tenant on each model separately
 
@@ -277,6 +282,7 @@ class Policy(_Strict):
     limits: LimitsConfig = LimitsConfig()
     health: HealthPolicy = HealthPolicy()
     rollout: RolloutPolicy = RolloutPolicy()
+    flow_control: FlowControlConfig = FlowControlConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
@@ -305,6 +311,13 @@ class Policy(_Strict):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
         if "default" not in self.tiers:
             raise ValueError("tiers must define 'default' (the tier of tenants that name none)")
+        classes = self.flow_control.classes
+        for name, tier in self.tiers.items():
+            for field_name in ("priority", "max_priority"):
+                value = getattr(tier, field_name)
+                if value is not None and value not in classes:
+                    raise ValueError(f"tiers.{name}.{field_name}: {value!r} is not a flow_control class "
+                                     f"(classes: {sorted(classes)})")
         known = set(BUILTIN_PROFILES) | {p.name for p in self.scheduling.profiles}
         for pool in self.pools:
             if pool.profile not in known:

@@ -40,6 +40,7 @@ class Endpoint:
     metrics: EndpointMetrics | None = None  # None until the first successful scrape
     scrape_failures: int = 0  # consecutive failed scrapes
     latency_ewma_s: float | None = None  # time from routing to response headers
+    in_flight_at_scrape: int = 0  # in_flight when `metrics` was fetched (flow control's since-scrape delta)
 
 
 @dataclass(slots=True)

@@ -77,6 +77,7 @@ class MetricsScraper:
         self._registry = registry
         self._config = config
         self._clock = clock
+        self.on_scrape: Callable[[], None] | None = None  # called after every successful scrape
         self._session_factory = session_factory
         self._max_body_bytes = max_body_bytes
         self._path = path
@@ -160,6 +161,7 @@ class MetricsScraper:
             self._scrapes[endpoint] = asyncio.create_task(self._scrape(endpoint))
 
     async def _scrape(self, endpoint: Endpoint) -> None:
+        in_flight = endpoint.in_flight
         try:
             async with asyncio.timeout(self._timeout_s):
                 text = await self._fetch(endpoint.address)
@@ -177,7 +179,10 @@ class MetricsScraper:
             return
         self.scrapes_total += 1
         endpoint.metrics = metrics
+        endpoint.in_flight_at_scrape = in_flight
         endpoint.scrape_failures = 0
+        if self.on_scrape is not None:
+            self.on_scrape()
         if self._failing.pop(endpoint, None) is not None:
             log.info("metrics scrape of %s recovered", endpoint.address)
 

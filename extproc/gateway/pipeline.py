@@ -16,6 +16,8 @@ from typing import Any
 from extproc.config import PoolConfig
 from extproc.endpoints import Endpoint, EndpointRegistry, Lease
 from extproc.endpoints.health import HealthConfig, HealthTracker
+from extproc.flow import GO, FlowController, Rejected, Ticket, pool_room
+from extproc.flow.saturation import Room
 from extproc.gateway.admission import (
     Admission,
     admit_request,
@@ -25,6 +27,7 @@ from extproc.gateway.admission import (
     refused_dimension,
 )
 from extproc.gateway.auth import Authenticator
+from extproc.gateway.priority import overloaded, priority_class
 from extproc.gateway.snapshot import Snapshot, SnapshotHolder
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
 from extproc.gateway.usage import encode_reservation
@@ -73,6 +76,17 @@ class Exchange:
     limit_states: tuple[LimitState, ...] = ()
     body: bytes = b""
     limited: bool = False  # the tenant has limits: its responses carry x-ratelimit-* headers
+    klass: str = ""  # flow-control priority class ("" when flow control is off)
+    tokens: int = 0  # estimated prompt + expected completion tokens
+    ticket: Ticket | None = None  # its place in the admission queue, while it has one
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """Returned when the request waits for room in its pool: the server awaits `ticket.wait()`, then
+    calls `Gateway.dequeued`."""
+
+    ticket: Ticket
 
 
 def error_response(error: ApiError) -> Respond:
@@ -108,7 +122,15 @@ class Gateway:
             for name in (*(f.name for f in profile.filters), *(w.scorer.name for w in profile.scorers),
                          profile.picker.name)
         }
+        self.flow = FlowController(snapshots.current.policy.flow_control, self.pool_room, clock,
+                                   lambda klass, seconds: metrics.flow_wait_seconds.labels(klass).observe(seconds))
         self.sync_endpoints()
+
+    def pool_room(self, pool_name: str, now: float) -> Room:
+        """How many more requests `pool_name`'s usable endpoints take before it is saturated."""
+        pool = self._snapshots.current.by_name.get(pool_name)
+        endpoints = self._usable(pool, now) if pool is not None else []
+        return pool_room(endpoints, now, self._snapshots.current.policy.flow_control.saturation)
 
     def sync_endpoints(self) -> None:
         pools = self._snapshots.current.policy.pools
@@ -131,6 +153,7 @@ class Gateway:
                          profile.picker.name):
                 self._plugin_timers.setdefault(name, self._metrics.plugin_seconds.labels(name).observe)
         self.health.config = HealthConfig(**snapshot.policy.health.model_dump())
+        self.flow.configure(snapshot.policy.flow_control)
         self.sync_endpoints()
 
     def _time_plugin(self, name: str, seconds: float) -> None:
@@ -184,15 +207,22 @@ class Gateway:
         tier = policy.tiers[exchange.tenant.tier]
         exchange.limited = has_limits(exchange.tenant.limits or tier.limits) or has_limits(
             exchange.tenant.model_limits or tier.model_limits)
+        if policy.flow_control.enabled:
+            try:
+                exchange.klass = priority_class(head, tier, policy.flow_control)
+            except ApiError as error:
+                return exchange, self._reject(exchange, error)
         return exchange, None
 
-    def request_body(self, exchange: Exchange, body: bytes) -> Decision | Admission:
-        """Route, or ask for admission first (the server awaits the store, then calls `admitted`)."""
+    def request_body(self, exchange: Exchange, body: bytes) -> Decision | Admission | Queued:
+        """Route, or ask for admission first (the server awaits the store, then calls `admitted`), or
+        queue while the pool is saturated (the server awaits the ticket, then calls `dequeued`)."""
         started = self._clock()
         try:
             request, pool = self._resolve(exchange, body)
             tokens = estimate_tokens(request.prompt_text) + (
                 request.max_output_tokens or exchange.snapshot.policy.limits.default_output_tokens)
+            exchange.tokens = tokens
             policy = exchange.snapshot.policy
             admission = admit_request(exchange.tenant, policy.tiers[exchange.tenant.tier], pool.model,
                                       exchange.request_id, self._wall_clock(), tokens, policy.limits)
@@ -200,13 +230,13 @@ class Gateway:
                 exchange.admission = admission
                 exchange.body = body
                 return Admission(admission)
-            return self._route(exchange, body)
+            return self._gate(exchange, body)
         except ApiError as error:
             return self._reject(exchange, error)
         finally:
             self._metrics.decision_seconds.observe(self._clock() - started)
 
-    def admitted(self, exchange: Exchange, result: AdmitResult) -> Decision:
+    def admitted(self, exchange: Exchange, result: AdmitResult) -> Decision | Queued:
         """Continue after the store answered an Admission."""
         exchange.limit_states = result.states
         if not result.admitted or exchange.admission is None:
@@ -214,11 +244,46 @@ class Gateway:
             return self._reject(exchange, rate_limited(result.refused_by, result.retry_after_s, result.states))
         exchange.reservation = Reservation.of(exchange.admission)
         try:
-            return self._route(exchange, exchange.body)
+            return self._gate(exchange, exchange.body)
+        except ApiError as error:
+            return self._reject(exchange, error)
+
+    def _gate(self, exchange: Exchange, body: bytes) -> Decision | Queued:
+        """Flow control: route now, queue while the pool is saturated, or shed."""
+        if not exchange.klass:
+            return self._route_once(exchange, body)
+        weight = exchange.snapshot.policy.tiers[exchange.tenant.tier].weight
+        verdict = self.flow.offer(exchange.pool, exchange.tenant.name, exchange.klass, exchange.tokens, weight)
+        if verdict == GO:
+            return self._route_once(exchange, body)
+        if isinstance(verdict, Rejected):
+            return self._shed(exchange, verdict)
+        assert isinstance(verdict, Ticket)
+        exchange.ticket = verdict
+        exchange.body = body
+        return Queued(verdict)
+
+    def dequeued(self, exchange: Exchange, outcome: Rejected | None) -> Decision:
+        """Continue after a queued request was granted room (`outcome` None) or timed out."""
+        if outcome is not None:
+            return self._shed(exchange, outcome)
+        try:
+            return self._route_once(exchange, exchange.body)
         except ApiError as error:
             return self._reject(exchange, error)
         finally:
+            if exchange.ticket is not None:
+                self.flow.routed(exchange.ticket)
+
+    def _route_once(self, exchange: Exchange, body: bytes) -> Decision:
+        try:
+            return self._route(exchange, body)
+        finally:
             exchange.body = b""
+
+    def _shed(self, exchange: Exchange, rejected: Rejected) -> Respond:
+        self._metrics.flow_rejected.labels(exchange.pool, rejected.klass, rejected.reason).inc()
+        return self._reject(exchange, overloaded(rejected))
 
     def _resolve(self, exchange: Exchange, body: bytes) -> tuple[InferenceRequest, PoolConfig]:
         if exchange.api is None:  # headers phase already answered; Envoy should not send a body
@@ -360,8 +425,12 @@ class Gateway:
         if exchange.finished:
             return None
         exchange.finished = True
+        if exchange.ticket is not None:
+            self.flow.leave(exchange.ticket)
         for lease in exchange.leases:
             lease.release()
+        if exchange.leases:
+            self.flow.kick(exchange.pool)
         if exchange.routed_at is not None:
             self._metrics.in_flight.dec()
             self._metrics.duration_seconds.labels(exchange.pool).observe(self._clock() - exchange.routed_at)

@@ -67,6 +67,10 @@ def build_admin_app(
                            end_of_stream=not raw)
         return web.json_response(gateway.explain(head, raw))
 
+    async def flow(_: web.Request) -> web.Response:
+        """Flow control per pool: queued per class, saturation, counters and the longest wait seen."""
+        return web.json_response({"pools": gateway.flow.stats()})
+
     async def rollout_status(_: web.Request) -> web.Response:
         return web.json_response({"rollouts": rollouts.describe() if rollouts is not None else []})
 
@@ -95,5 +99,6 @@ def build_admin_app(
     app.router.add_get("/debug/pools", pools)
     app.router.add_post("/debug/explain", explain)
     app.router.add_get("/debug/rollouts", rollout_status)
+    app.router.add_get("/debug/flow", flow)
     app.router.add_post("/rollouts/{action}", rollout_command)
     return app

@@ -33,6 +33,7 @@ from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.stores import build_store
 from extproc.telemetry import GatewayMetrics
+from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
+    scraper.on_scrape = gateway.flow.kick_all  # fresh metrics may show room for queued requests
+    registry.register(FlowCollector(gateway.flow))
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)

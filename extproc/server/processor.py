@@ -12,8 +12,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
-from extproc.gateway import Admission, Decision, Exchange, Gateway, Respond, Route, error_response
-from extproc.limits.types import Store
+from extproc.gateway import Admission, Decision, Exchange, Gateway, Queued, Respond, Route, error_response
+from extproc.limits.types import Reservation, Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
 
@@ -32,7 +32,7 @@ class StreamProcessor:
         self.gateway = gateway
         self.exchange: Exchange | None = None
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Admission | None:
+    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Admission | Queued | None:
         phase = message.WhichOneof("request")
         if phase == "request_headers":
             exchange, reply = self.gateway.request_headers(protocol.request_head(message.request_headers))
@@ -46,7 +46,7 @@ class StreamProcessor:
             if self.exchange is None:
                 return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
             decision = self.gateway.request_body(self.exchange, message.request_body.body)
-            return decision if isinstance(decision, Admission) else self.respond(decision)
+            return decision if isinstance(decision, (Admission, Queued)) else self.respond(decision)
         if phase == "response_headers":
             if self.exchange is None:
                 return protocol.CONTINUE_RESPONSE_HEADERS
@@ -89,10 +89,18 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                     return
                 try:
                     response = stream.handle(message)
-                    if isinstance(response, Admission) and stream.exchange is not None:
-                        # The only await on the request path: one store round trip, bounded by its deadline.
+                    exchange = stream.exchange
+                    if isinstance(response, Admission) and exchange is not None:
+                        # One store round trip, bounded by its deadline.
                         result = await self._store.admit(response.request)
-                        response = stream.respond(self._gateway.admitted(stream.exchange, result))
+                        admitted = self._gateway.admitted(exchange, result)
+                        response = admitted if isinstance(admitted, Queued) else stream.respond(admitted)
+                    if isinstance(response, Queued) and exchange is not None:
+                        # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
+                        await context.write(protocol.extend_message_timeout(response.ticket.waiter.deadline
+                                                                            - time.monotonic()))
+                        outcome = await response.ticket.wait()
+                        response = stream.respond(self._gateway.dequeued(exchange, outcome))
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
                     response = protocol.immediate_response(_INTERNAL_ERROR)
@@ -101,9 +109,18 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
             if stream.exchange is not None:
+                routed = stream.exchange.routed_at is not None
                 held = self._gateway.finish(stream.exchange)
-                if held is not None and held.concurrency:
-                    try:
-                        await self._store.release(held, time.time())
-                    except Exception:  # the lease then expires by its TTL; never fail the stream over it
-                        log.exception("releasing concurrency leases failed")
+                if held is not None:
+                    await self._give_back(held, routed)
+
+    async def _give_back(self, held: Reservation, routed: bool) -> None:
+        """Release the concurrency leases; a request that never reached a model is charged nothing
+        (no access-log usage will come for it)."""
+        try:
+            if held.concurrency:
+                await self._store.release(held, time.time())
+            if not routed and held.budgets:
+                await self._store.settle(held, 0, time.time())
+        except Exception:  # leases then expire by their TTL; never fail the stream over it
+            log.exception("releasing the reservation of an exchange failed")

@@ -9,8 +9,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.type.v3 import http_status_pb2
-from google.protobuf import struct_pb2
+from google.protobuf import duration_pb2, struct_pb2
 
+from extproc.flow.config import MESSAGE_TIMEOUT_SLACK_S
 from extproc.gateway import RequestHead, Respond, Route
 
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
@@ -103,3 +104,12 @@ def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:
             details=reply.details,
         )
     )
+
+
+
+def extend_message_timeout(remaining_s: float) -> ext_pb.ProcessingResponse:
+    """Tell Envoy to wait `remaining_s` (+ slack) for our answer to the current message: sent when a
+    request is queued. Envoy honours it up to the filter's `max_message_timeout`."""
+    duration = duration_pb2.Duration()
+    duration.FromMilliseconds(int((max(0.0, remaining_s) + MESSAGE_TIMEOUT_SLACK_S) * 1000))
+    return ext_pb.ProcessingResponse(override_message_timeout=duration)

@@ -69,6 +69,12 @@ class GatewayMetrics:
         self.store_primary_failures = Gauge(
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)
+        self.flow_wait_seconds = Histogram(
+            "extproc_flow_queue_wait_seconds", "Time requests spent in the admission queue, per priority class",
+            ["class"], buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60), registry=registry)
+        self.flow_rejected = Counter(
+            "extproc_flow_rejected", "Requests shed by flow control, per pool, class and reason "
+            "(saturated, queue_full, displaced, timeout)", ["pool", "class", "reason"], registry=registry)
         self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
         self.config_version = Gauge("extproc_config_version", "Version of the policy snapshot in use",
                                     registry=registry)

@@ -15,6 +15,7 @@ import yaml
 
 from extproc.config import EnvoyConfig, Policy, PoolConfig
 from extproc.config.schema import parse_endpoint
+from extproc.flow.config import MESSAGE_TIMEOUT_SLACK_S
 
 EXTPROC_CLUSTER = "extproc"
 ROUTE_CONFIG = "llm_routes"
@@ -168,6 +169,8 @@ def early_header_mutation(policy: Policy) -> list[dict[str, Any]]:
 
 def http_filters(policy: Policy) -> list[dict[str, Any]]:
     envoy = policy.envoy
+    flow = policy.flow_control
+    max_wait_s = flow.longest_wait_s() + MESSAGE_TIMEOUT_SLACK_S + 1.0 if flow.enabled else 0.0
     strip = [{"remove": name} for name in stripped_headers(policy)]
     return [
         {
@@ -188,6 +191,8 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
                 "metadata_options": {"receiving_namespaces": {"untyped": ["extproc"]}},
                 "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
+                # Queued requests (flow control) extend the timer up to their class's longest wait.
+                "max_message_timeout": _seconds(max(envoy.message_timeout_ms / 1000, max_wait_s)),
                 # Response headers only for requests that get x-ratelimit-* headers: the service turns them
                 # on per request (mode_override) when the tenant has limits; outcomes come from the access log.
                 "allow_mode_override": True,

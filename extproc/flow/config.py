@@ -1,0 +1,94 @@
+"""Policy models of flow control (mounted as `Policy.flow_control`): priority classes, the admission
+queue and the saturation thresholds that decide when requests queue instead of going straight on."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["MESSAGE_TIMEOUT_SLACK_S", "FlowControlConfig", "PriorityClass", "SaturationConfig", "default_classes"]
+
+# Envoy's ext_proc timer for a queued request is extended to its remaining wait plus this slack, so
+# the service's own answer (granted, or an OpenAI-shaped rejection) always beats Envoy's timeout.
+MESSAGE_TIMEOUT_SLACK_S = 1.0
+
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,30}[a-z0-9])?$")
+_HEADER = re.compile(r"^[a-z0-9-]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PriorityClass(_Strict):
+    """One priority class. Higher `priority` is served first; `max_wait_s` bounds its time in the queue
+    (0: never queued, rejected at once while its pool is saturated)."""
+
+    priority: int = Field(ge=0, le=1_000_000)
+    max_wait_s: float = Field(default=10.0, ge=0.0, le=300.0)
+    reject_status: Literal[429, 503] = Field(default=503, description="status when it cannot be served in time")
+
+
+def default_classes() -> dict[str, PriorityClass]:
+    return {
+        "critical": PriorityClass(priority=100, max_wait_s=30.0),
+        "standard": PriorityClass(priority=50, max_wait_s=10.0),
+        "sheddable": PriorityClass(priority=0, max_wait_s=0.0),
+    }
+
+
+class SaturationConfig(_Strict):
+    """When an endpoint counts as saturated; a pool is saturated when none of its usable endpoints has room.
+
+    An endpoint's queue is vLLM's `num_requests_waiting` from the last scrape plus the requests this
+    process sent it since that scrape (minus those that finished), so dispatch does not overshoot
+    between scrapes. Stale metrics (older than `stale_after_ms`, or never scraped) count as room:
+    flow control never stalls traffic on missing data.
+    """
+
+    max_waiting: float = Field(default=2.0, gt=0, description="vLLM queue per endpoint at which it is saturated")
+    max_kv_utilization: float = Field(default=0.95, gt=0, le=1.0, description="vllm:kv_cache_usage_perc, 0..1")
+    stale_after_ms: int = Field(default=1000, ge=50)
+
+
+class FlowControlConfig(_Strict):
+    """The admission queue in front of every pool (see README "Priority and load shedding")."""
+
+    enabled: bool = True
+    classes: dict[str, PriorityClass] = Field(default_factory=default_classes)
+    default_class: str = "standard"
+    priority_header: str = Field(default="x-gateway-priority",
+                                 description="request header naming a class, honoured up to the tier's max_priority")
+    aging_per_s: float = Field(default=5.0, ge=0.0, description="priority points a queued request gains per second")
+    max_queued: int = Field(default=1000, ge=1, le=1_000_000, description="queued requests per pool, all classes")
+    retry_after_s: float = Field(default=1.0, ge=0.0, description="Retry-After on rejections")
+    saturation: SaturationConfig = SaturationConfig()
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names(cls, value: dict[str, PriorityClass]) -> dict[str, PriorityClass]:
+        if not value:
+            raise ValueError("flow_control.classes needs at least one class")
+        for name in value:
+            if not _NAME.match(name):
+                raise ValueError(f"priority class name {name!r} must match {_NAME.pattern}")
+        return value
+
+    @field_validator("priority_header")
+    @classmethod
+    def _header(cls, value: str) -> str:
+        if not _HEADER.match(value):
+            raise ValueError(f"priority_header {value!r} must be a lower-case header name")
+        return value
+
+    @model_validator(mode="after")
+    def _default_known(self) -> FlowControlConfig:
+        if self.default_class not in self.classes:
+            raise ValueError(f"flow_control.default_class {self.default_class!r} is not a class "
+                             f"(classes: {sorted(self.classes)})")
+        return self
+
+    def longest_wait_s(self) -> float:
+        return max(c.max_wait_s for c in self.classes.values())

@@ -1,0 +1,243 @@
+"""`FlowController`: holds requests while their pool is saturated and releases them in order.
+
+`offer` answers at once on the hot path: GO (room, nothing queued ahead), a `Rejected` (a class that
+may not wait, a full queue), or a `Ticket` to await. Tickets are granted by `kick`, which the owner
+calls whenever room may have appeared (a request finished, a scrape arrived, a periodic tick), and
+expire after their class's `max_wait_s`. Granted tickets count against the pool's room until the
+request is routed (`routed`) or abandoned (`leave`), so one kick never grants more than there is
+room for. A client that goes away while queued leaves at once (`leave` from the stream's end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from extproc.flow.config import FlowControlConfig
+from extproc.flow.queue import FairQueue, Waiter
+from extproc.flow.saturation import Room
+
+__all__ = ["GO", "FlowController", "Rejected", "Ticket"]
+
+GO: Final = "go"
+Reason = Literal["saturated", "queue_full", "displaced", "timeout", "left"]
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    klass: str
+    reason: Reason
+    status: int
+    retry_after_s: float
+    waited_s: float = 0.0
+
+
+class Ticket:
+    """A queued request's place. `await ticket.wait()` -> None when granted, or the `Rejected`."""
+
+    __slots__ = ("_future", "_timer", "consumed", "pool", "waiter")
+
+    def __init__(self, pool: str, waiter: Waiter) -> None:
+        self.pool = pool
+        self.waiter = waiter
+        self._future: asyncio.Future[Rejected | None] = asyncio.get_running_loop().create_future()
+        self._timer: asyncio.TimerHandle | None = None
+        self.consumed = False
+
+    async def wait(self) -> Rejected | None:
+        return await asyncio.shield(self._future)
+
+    @property
+    def granted(self) -> bool:
+        return self._future.done() and self._future.result() is None
+
+    def arm(self, delay_s: float, expire: Callable[[Ticket], None]) -> None:
+        self._timer = asyncio.get_running_loop().call_later(delay_s, expire, self)
+
+    def settle(self, outcome: Rejected | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._future.done():
+            self._future.set_result(outcome)
+
+
+@dataclass(slots=True)
+class _ClassStats:
+    direct: int = 0
+    queued: int = 0
+    granted: int = 0
+    left: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)
+    max_wait_s: float = 0.0
+
+
+@dataclass(slots=True)
+class _Pool:
+    queue: FairQueue
+    pending: int = 0  # granted, not yet routed
+    saturated: bool = False
+    stale_decisions: int = 0  # offers decided on stale/missing metrics
+    classes: dict[str, _ClassStats] = field(default_factory=dict)
+
+    def stats(self, klass: str) -> _ClassStats:
+        entry = self.classes.get(klass)
+        if entry is None:
+            entry = self.classes[klass] = _ClassStats()
+        return entry
+
+
+class FlowController:
+    def __init__(self, config: FlowControlConfig, room: Callable[[str, float], Room],
+                 clock: Callable[[], float] = time.monotonic,
+                 observe_wait: Callable[[str, float], None] | None = None) -> None:
+        """`room(pool, now)`: the pool's room from live endpoint state (see `flow.saturation`)."""
+        self.config = config
+        self._room = room
+        self._clock = clock
+        self._observe_wait = observe_wait
+        self._pools: dict[str, _Pool] = {}
+        self._tickets: dict[int, Ticket] = {}  # id(waiter) -> its ticket, while queued
+
+    def configure(self, config: FlowControlConfig) -> None:
+        """A new policy: queued requests keep their class and deadline; new ones use the new classes."""
+        self.config = config
+        for pool in self._pools.values():
+            pool.queue.aging_per_s = config.aging_per_s
+
+    def _pool(self, name: str) -> _Pool:
+        pool = self._pools.get(name)
+        if pool is None:
+            pool = self._pools[name] = _Pool(FairQueue(self.config.aging_per_s))
+        return pool
+
+    # -- hot path ----------------------------------------------------------------------------------
+    def offer(self, pool_name: str, tenant: str, klass: str, tokens: int, weight: float = 1.0
+              ) -> Literal["go"] | Ticket | Rejected:
+        pool = self._pool(pool_name)
+        spec = self.config.classes[klass]
+        now = self._clock()
+        if pool.queue:
+            self._dispatch(pool_name, pool, now)
+        if not pool.queue:
+            room = self._room(pool_name, now)
+            if room.stale:
+                pool.stale_decisions += 1
+            pool.saturated = room.requests - pool.pending <= 0
+            if not pool.saturated:
+                pool.stats(klass).direct += 1
+                return GO
+        if spec.max_wait_s <= 0:
+            return self._rejected(pool, klass, "saturated", 0.0)
+        if len(pool.queue) >= self.config.max_queued:
+            lowest = pool.queue.lowest()
+            if lowest is None or lowest.priority >= spec.priority:
+                return self._rejected(pool, klass, "queue_full", 0.0)
+            self._evict(pool_name, pool, lowest, now)
+        waiter = Waiter(tenant, klass, spec.priority, max(weight, 1e-6), max(1, tokens), now, now + spec.max_wait_s)
+        ticket = Ticket(pool_name, waiter)
+        ticket.arm(spec.max_wait_s, self._expire)
+        pool.queue.push(waiter)
+        self._tickets[id(waiter)] = ticket
+        pool.stats(klass).queued += 1
+        return ticket
+
+    def routed(self, ticket: Ticket) -> None:
+        """The granted request was routed: it now shows in the endpoints' in-flight counts."""
+        if ticket.granted and not ticket.consumed:
+            ticket.consumed = True
+            self._pool(ticket.pool).pending -= 1
+
+    def leave(self, ticket: Ticket) -> None:
+        """The exchange ended (normally, or the client went away): give back whatever it still holds."""
+        pool = self._pool(ticket.pool)
+        if ticket.waiter.queued:
+            pool.queue.remove(ticket.waiter)
+            self._tickets.pop(id(ticket.waiter), None)
+            pool.stats(ticket.waiter.klass).left += 1
+            ticket.settle(Rejected(ticket.waiter.klass, "left", 499, 0.0, self._clock() - ticket.waiter.enqueued))
+        elif ticket.granted and not ticket.consumed:
+            ticket.consumed = True
+            pool.pending -= 1
+            self._dispatch(ticket.pool, pool, self._clock())
+
+    # -- releasing ---------------------------------------------------------------------------------
+    def kick(self, pool_name: str) -> None:
+        """Room may have appeared in `pool_name`: grant queued requests while it lasts."""
+        pool = self._pools.get(pool_name)
+        if pool is not None and pool.queue:
+            self._dispatch(pool_name, pool, self._clock())
+
+    def kick_all(self) -> None:
+        for name in [n for n, p in self._pools.items() if p.queue]:
+            self.kick(name)
+
+    def queued(self, pool_name: str | None = None) -> int:
+        if pool_name is not None:
+            pool = self._pools.get(pool_name)
+            return len(pool.queue) if pool is not None else 0
+        return sum(len(p.queue) for p in self._pools.values())
+
+    def _dispatch(self, pool_name: str, pool: _Pool, now: float) -> None:
+        room = self._room(pool_name, now).requests - pool.pending
+        while room > 0 and pool.queue:
+            waiter = pool.queue.pop(now)
+            if waiter is None:
+                break
+            ticket = self._tickets.pop(id(waiter), None)
+            if ticket is None:
+                continue
+            waited = now - waiter.enqueued
+            stats = pool.stats(waiter.klass)
+            stats.granted += 1
+            stats.max_wait_s = max(stats.max_wait_s, waited)
+            if self._observe_wait is not None:
+                self._observe_wait(waiter.klass, waited)
+            pool.pending += 1
+            room -= 1
+            ticket.settle(None)
+        pool.saturated = room <= 0
+
+    def _expire(self, ticket: Ticket) -> None:
+        pool = self._pools.get(ticket.pool)
+        if pool is None or not pool.queue.remove(ticket.waiter):
+            return
+        self._tickets.pop(id(ticket.waiter), None)
+        waited = self._clock() - ticket.waiter.enqueued
+        if self._observe_wait is not None:
+            self._observe_wait(ticket.waiter.klass, waited)
+        ticket.settle(self._rejected(pool, ticket.waiter.klass, "timeout", waited))
+
+    def _evict(self, pool_name: str, pool: _Pool, waiter: Waiter, now: float) -> None:
+        pool.queue.remove(waiter)
+        ticket = self._tickets.pop(id(waiter), None)
+        if ticket is not None:
+            ticket.settle(self._rejected(pool, waiter.klass, "displaced", now - waiter.enqueued))
+
+    def _rejected(self, pool: _Pool, klass: str, reason: Reason, waited: float) -> Rejected:
+        stats = pool.stats(klass)
+        stats.rejected[reason] = stats.rejected.get(reason, 0) + 1
+        stats.max_wait_s = max(stats.max_wait_s, waited)
+        spec = self.config.classes.get(klass)
+        status = spec.reject_status if spec is not None else 503
+        return Rejected(klass, reason, status, self.config.retry_after_s, waited)
+
+    # -- introspection -----------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Per pool: queued per class, pending grants, saturation, per-class counters (for /debug/flow)."""
+        return {
+            name: {
+                "saturated": pool.saturated,
+                "queued": pool.queue.sizes(),
+                "pending_grants": pool.pending,
+                "stale_decisions": pool.stale_decisions,
+                "classes": {
+                    klass: {"direct": s.direct, "queued": s.queued, "granted": s.granted, "left": s.left,
+                            "rejected": dict(s.rejected), "max_wait_s": round(s.max_wait_s, 4)}
+                    for klass, s in pool.classes.items()
+                },
+            }
+            for name, pool in self._pools.items()
+        }

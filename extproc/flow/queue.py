@@ -1,0 +1,137 @@
+"""The admission queue of one pool: strict priority between classes with aging, fair share within one.
+
+Pure data structure, no I/O and no clock of its own (callers pass `now`).
+
+Between classes the next request comes from the class with the highest *effective* priority:
+its priority plus `aging_per_s` points for every second its oldest request has waited, so a lower
+class is never starved forever (ties go to the class whose oldest request is older).
+
+Within a class, tenants share by weighted tokens (virtual token counters, after Sheng et al.,
+"Fairness in Serving Large Language Models", OSDI 2024): each tenant's counter grows by the
+request's estimated tokens / the tenant's weight when it is dispatched, and the backlogged tenant
+with the smallest counter goes next, so a heavy tenant cannot crowd out the others. A tenant that
+becomes backlogged again starts at the current minimum (no credit saved up while idle, no debt
+from before); counters of a class are dropped whenever that class's queue empties.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+__all__ = ["FairQueue", "Waiter"]
+
+_MAX_COUNTERS = 10_000
+
+
+@dataclass(slots=True, eq=False)
+class Waiter:
+    """One queued request."""
+
+    tenant: str
+    klass: str
+    priority: int
+    weight: float
+    tokens: int
+    enqueued: float
+    deadline: float
+    queued: bool = True  # False once popped, removed or evicted
+
+
+@dataclass(slots=True)
+class _Class:
+    name: str
+    priority: int
+    tenants: dict[str, deque[Waiter]] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)
+    size: int = 0
+
+    def oldest(self) -> Waiter | None:
+        best: Waiter | None = None
+        for waiters in self.tenants.values():
+            if waiters and (best is None or waiters[0].enqueued < best.enqueued):
+                best = waiters[0]
+        return best
+
+
+class FairQueue:
+    def __init__(self, aging_per_s: float = 0.0) -> None:
+        self.aging_per_s = aging_per_s
+        self._classes: dict[str, _Class] = {}
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def queued(self, klass: str) -> int:
+        entry = self._classes.get(klass)
+        return entry.size if entry is not None else 0
+
+    def sizes(self) -> dict[str, int]:
+        return {name: entry.size for name, entry in self._classes.items()}
+
+    def push(self, waiter: Waiter) -> None:
+        entry = self._classes.get(waiter.klass)
+        if entry is None:
+            entry = self._classes[waiter.klass] = _Class(waiter.klass, waiter.priority)
+        waiters = entry.tenants.get(waiter.tenant)
+        if waiters is None:
+            waiters = entry.tenants[waiter.tenant] = deque()
+        if not waiters:
+            # Joining the backlog: start level with the least-served backlogged tenant.
+            active = [entry.counters.get(t, 0.0) for t, q in entry.tenants.items() if q and t != waiter.tenant]
+            own = entry.counters.get(waiter.tenant, 0.0)
+            entry.counters[waiter.tenant] = max(own, min(active)) if active else own
+        waiters.append(waiter)
+        entry.size += 1
+        self._size += 1
+
+    def pop(self, now: float) -> Waiter | None:
+        """The next request to dispatch, or None when the queue is empty."""
+        chosen: _Class | None = None
+        best: tuple[float, float] | None = None
+        for entry in self._classes.values():
+            oldest = entry.oldest()
+            if oldest is None:
+                continue
+            rank = (entry.priority + self.aging_per_s * max(0.0, now - oldest.enqueued), -oldest.enqueued)
+            if best is None or rank > best:
+                chosen, best = entry, rank
+        if chosen is None:
+            return None
+        tenant = min((t for t, q in chosen.tenants.items() if q),
+                     key=lambda t: (chosen.counters.get(t, 0.0), chosen.tenants[t][0].enqueued))
+        waiter = chosen.tenants[tenant].popleft()
+        chosen.counters[tenant] = chosen.counters.get(tenant, 0.0) + waiter.tokens / waiter.weight
+        self._forget(chosen, tenant, waiter)
+        return waiter
+
+    def remove(self, waiter: Waiter) -> bool:
+        """Take `waiter` out (its client left, or it expired); False if it was no longer queued."""
+        if not waiter.queued:
+            return False
+        entry = self._classes[waiter.klass]
+        entry.tenants[waiter.tenant].remove(waiter)
+        self._forget(entry, waiter.tenant, waiter)
+        return True
+
+    def lowest(self) -> Waiter | None:
+        """The request to displace first: the newest of the lowest class (its heaviest tenant's)."""
+        candidates = [e for e in self._classes.values() if e.size]
+        if not candidates:
+            return None
+        entry = min(candidates, key=lambda e: e.priority)
+        tenant = max((t for t, q in entry.tenants.items() if q), key=lambda t: (entry.counters.get(t, 0.0), len(
+            entry.tenants[t])))
+        return entry.tenants[tenant][-1]
+
+    def _forget(self, entry: _Class, tenant: str, waiter: Waiter) -> None:
+        waiter.queued = False
+        entry.size -= 1
+        self._size -= 1
+        if not entry.tenants[tenant]:
+            del entry.tenants[tenant]
+        if entry.size == 0:
+            entry.counters.clear()  # nobody backlogged: no history to keep
+        elif len(entry.counters) > _MAX_COUNTERS:  # many tenants came and went during one long backlog
+            entry.counters = {t: c for t, c in entry.counters.items() if t in entry.tenants}
