@@ -1,0 +1,150 @@
+"""Flow control through real Envoy + service + simulator: held replies, shedding, timeouts, disconnects.
+
+One simulated replica that runs one sequence at a time (max_num_seqs 1) and lets one wait in its own
+queue (saturation.max_waiting 1): two long requests saturate the pool, later ones queue in the service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from extproc.bench.procs import ProcessGroup
+from extproc.bench.stack import SimPool, Stack, launch
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+POOL = SimPool("chat", "org/chat", 1, aliases=("chat",))
+LONG_TOKENS = 450  # x 10 ms per token: each long request holds the only slot ~4.5 s
+STANDARD_WAIT_S = 1.5
+
+POLICY: dict[str, Any] = {
+    "auth": {"mode": "trusted-header"},
+    "tiers": {"default": {}, "gold": {"priority": "standard", "max_priority": "critical"},
+              "batch": {"priority": "sheddable"}},
+    "scheduling": {"scrape": {"interval_ms": 50}},
+    "flow_control": {
+        "classes": {"critical": {"priority": 100, "max_wait_s": 8.0},
+                    "standard": {"priority": 50, "max_wait_s": STANDARD_WAIT_S},
+                    "sheddable": {"priority": 0, "max_wait_s": 0}},
+        "saturation": {"max_waiting": 1},
+    },
+}
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    workdir: Path = tmp_path_factory.mktemp("flow")
+    profile = workdir / "one-seq.yaml"
+    profile.write_text(json.dumps({"base": "fast", "name": "one-seq", "max_num_seqs": 1, "itl_s": 0.01,
+                                   "max_tokens_cap": 2048, "min_output_fraction": 1.0}))
+    async with ProcessGroup(workdir / "logs") as group:
+        yield await launch(group, workdir, [POOL], extra_policy=POLICY,
+                           sim_args=["--profile", str(profile), "--stream-chunk-tokens", "8"])
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as session:
+        yield session
+
+
+def body(max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
+    return {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+            "stream": stream}
+
+
+async def post(http: aiohttp.ClientSession, stack: Stack, payload: dict[str, Any], tier: str = "default",
+               **headers: str) -> tuple[int, dict[str, str], Any, float]:
+    started = time.monotonic()
+    all_headers = {"x-tenant-id": f"t-{tier}", "x-tenant-tier": tier, **headers}
+    async with http.post(f"http://127.0.0.1:{stack.envoy_port}/v1/chat/completions", json=payload,
+                         headers=all_headers) as response:
+        text = await response.text()
+        parsed = json.loads(text) if response.content_type == "application/json" else text
+        return response.status, {k.lower(): v for k, v in response.headers.items()}, parsed, (
+            time.monotonic() - started)
+
+
+async def flow_stats(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]:
+    async with http.get(f"{stack.admin_url}/debug/flow") as response:
+        stats: dict[str, Any] = (await response.json())["pools"].get("chat", {})
+        return stats
+
+
+async def saturate(http: aiohttp.ClientSession, stack: Stack) -> list[asyncio.Task[Any]]:
+    """Two long requests: one runs, one waits in the replica's queue; the pool is then saturated."""
+    holders = [asyncio.create_task(post(http, stack, body(LONG_TOKENS)))]
+    await asyncio.sleep(0.3)
+    holders.append(asyncio.create_task(post(http, stack, body(LONG_TOKENS))))
+    await asyncio.sleep(0.3)
+    return holders
+
+
+async def test_unknown_priority_is_a_400(stack: Stack, http: aiohttp.ClientSession) -> None:
+    status, _, payload, _ = await post(http, stack, body(), **{"x-gateway-priority": "urgent"})
+    assert status == 400 and payload["error"]["code"] == "invalid_priority"
+
+
+async def test_saturated_pool_sheds_queues_times_out_and_serves_by_priority(
+        stack: Stack, http: aiohttp.ClientSession) -> None:
+    holders = await saturate(http, stack)
+    shed, timed_out, clamped, critical = await asyncio.gather(
+        post(http, stack, body(), tier="batch"),
+        post(http, stack, body()),
+        post(http, stack, body(), **{"x-gateway-priority": "critical"}),  # default tier: lowered to standard
+        post(http, stack, body(), tier="gold", **{"x-gateway-priority": "critical"}),
+    )
+    # Sheddable: refused at once, OpenAI-shaped, with Retry-After.
+    status, headers, payload, elapsed = shed
+    assert status == 503 and payload["error"]["code"] == "overloaded_saturated", payload
+    assert int(headers["retry-after"]) >= 1 and elapsed < 1.0
+    # Standard: held past Envoy's 1 s message timeout (the service extended it), refused at its limit.
+    for status, _headers, payload, elapsed in (timed_out, clamped):
+        assert status == 503 and payload["error"]["code"] == "overloaded_timeout", payload
+        assert STANDARD_WAIT_S - 0.1 <= elapsed <= STANDARD_WAIT_S + 1.0
+    # Critical: waited for the slot and was served.
+    status, _, payload, elapsed = critical
+    assert status == 200, payload
+    assert elapsed > STANDARD_WAIT_S
+    for holder in holders:
+        assert (await holder)[0] == 200
+    stats = await flow_stats(http, stack)
+    assert stats["queued"].get("critical", 0) == 0 and stats["queued"].get("standard", 0) == 0
+    assert stats["classes"]["critical"]["max_wait_s"] <= 8.0
+    assert stats["classes"]["standard"]["max_wait_s"] <= STANDARD_WAIT_S + 0.2
+
+
+async def test_a_queued_request_whose_client_left_leaves_the_queue_at_once(
+        stack: Stack, http: aiohttp.ClientSession) -> None:
+    await asyncio.sleep(0.5)
+    holders = await saturate(http, stack)
+    before = (await flow_stats(http, stack))["classes"].get("critical", {}).get("left", 0)
+    gone = asyncio.create_task(post(http, stack, body(), tier="gold", **{"x-gateway-priority": "critical"}))
+    await asyncio.sleep(0.4)
+    assert (await flow_stats(http, stack))["queued"].get("critical", 0) == 1
+    gone.cancel()  # the client closes its connection
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        stats = await flow_stats(http, stack)
+        if stats["queued"].get("critical", 0) == 0:
+            break
+        await asyncio.sleep(0.02)
+    left_after_s = 1.0 - (deadline - time.monotonic())
+    assert stats["queued"].get("critical", 0) == 0, stats
+    assert stats["classes"]["critical"]["left"] == before + 1
+    assert left_after_s < 0.5
+    for holder in holders:
+        assert (await holder)[0] == 200
+    # Nothing leaked: with the pool idle again a request goes straight through.
+    status, _, _, _ = await post(http, stack, body())
+    assert status == 200
+    assert (await flow_stats(http, stack))["pending_grants"] == 0

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from extproc.flow import GO, FlowControlConfig, FlowController, PriorityClass, Rejected, Room, Ticket
+
+
+class Fleet:
+    """A pool whose room the test sets; routed requests use it up like the endpoints' in-flight would."""
+
+    def __init__(self, room: float = 0.0) -> None:
+        self.room = room
+        self.now = 100.0
+
+    def __call__(self, pool: str, now: float) -> Room:
+        return Room(self.room, 0)
+
+
+def controller(fleet: Fleet, **overrides: object) -> FlowController:
+    classes = {"critical": PriorityClass(priority=100, max_wait_s=5.0),
+               "standard": PriorityClass(priority=50, max_wait_s=0.2, reject_status=429),
+               "sheddable": PriorityClass(priority=0, max_wait_s=0.0)}
+    config = FlowControlConfig.model_validate({"classes": classes, **overrides})
+    return FlowController(config, fleet, clock=lambda: fleet.now)
+
+
+async def test_room_means_go_and_no_room_sheds_sheddable_at_once() -> None:
+    fleet = Fleet(room=2)
+    flow = controller(fleet)
+    assert flow.offer("p", "t", "standard", 10) == GO
+    fleet.room = 0
+    shed = flow.offer("p", "t", "sheddable", 10)
+    assert isinstance(shed, Rejected) and shed.reason == "saturated" and shed.status == 503
+    assert flow.stats()["p"]["saturated"] is True
+
+
+async def test_queued_requests_are_granted_in_priority_order_as_room_appears() -> None:
+    fleet = Fleet(room=0)
+    flow = controller(fleet)
+    std = flow.offer("p", "t1", "standard", 10)
+    crit = flow.offer("p", "t2", "critical", 10)
+    assert isinstance(std, Ticket) and isinstance(crit, Ticket)
+    assert flow.queued("p") == 2
+    fleet.room = 1
+    flow.kick("p")
+    assert crit.granted and not std.granted
+    # The grant counts against the room until the request is routed: no second grant yet.
+    flow.kick("p")
+    assert not std.granted
+    flow.routed(crit)
+    flow.kick("p")
+    assert std.granted
+    assert await crit.wait() is None
+
+
+async def test_a_new_request_does_not_jump_the_queue() -> None:
+    fleet = Fleet(room=0)
+    flow = controller(fleet)
+    first = flow.offer("p", "a", "critical", 10)
+    assert isinstance(first, Ticket)
+    fleet.room = 1
+    second = flow.offer("p", "b", "critical", 10)  # the queued one takes the room first
+    assert first.granted
+    assert isinstance(second, Ticket) and not second.granted
+
+
+async def test_wait_past_the_class_limit_is_rejected_with_its_status() -> None:
+    fleet = Fleet(room=0)
+    flow = controller(fleet)
+    ticket = flow.offer("p", "t", "standard", 10)
+    assert isinstance(ticket, Ticket)
+    fleet.now += 0.25
+    outcome = await asyncio.wait_for(ticket.wait(), 2.0)
+    assert isinstance(outcome, Rejected) and outcome.reason == "timeout" and outcome.status == 429
+    assert outcome.waited_s == pytest.approx(0.25)
+    assert flow.queued("p") == 0
+    assert flow.stats()["p"]["classes"]["standard"]["rejected"] == {"timeout": 1}
+
+
+async def test_client_leaving_takes_its_place_out_at_once() -> None:
+    fleet = Fleet(room=0)
+    flow = controller(fleet)
+    ticket = flow.offer("p", "t", "critical", 10)
+    assert isinstance(ticket, Ticket)
+    waiting = asyncio.create_task(ticket.wait())
+    await asyncio.sleep(0)
+    waiting.cancel()  # what the gRPC stream's cancellation does to the awaiting handler
+    flow.leave(ticket)
+    assert flow.queued("p") == 0
+    assert flow.stats()["p"]["classes"]["critical"]["left"] == 1
+    # Room that appears later goes to nobody; a granted-but-abandoned ticket gives its room back.
+    second = flow.offer("p", "t", "critical", 10)
+    assert isinstance(second, Ticket)
+    fleet.room = 1
+    flow.kick("p")
+    assert second.granted
+    flow.leave(second)
+    third = flow.offer("p", "t", "critical", 10)
+    assert third == GO
+
+
+async def test_full_queue_displaces_lower_classes_never_higher() -> None:
+    fleet = Fleet(room=0)
+    flow = controller(fleet, max_queued=2)
+    low = flow.offer("p", "a", "standard", 10)
+    crit1 = flow.offer("p", "b", "critical", 10)
+    assert isinstance(low, Ticket) and isinstance(crit1, Ticket)
+    crit2 = flow.offer("p", "c", "critical", 10)
+    assert isinstance(crit2, Ticket)
+    displaced = await low.wait()
+    assert isinstance(displaced, Rejected) and displaced.reason == "displaced"
+    refused = flow.offer("p", "d", "standard", 10)
+    assert isinstance(refused, Rejected) and refused.reason == "queue_full"
+    assert flow.queued("p") == 2
+
+
+async def test_unknown_room_never_queues() -> None:
+    fleet = Fleet(room=math.inf)
+    flow = controller(fleet)
+    assert all(flow.offer("p", "t", "standard", 10) == GO for _ in range(100))

@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import math
+
+from extproc.endpoints import Endpoint
+from extproc.endpoints.registry import EndpointMetrics
+from extproc.flow import SaturationConfig, pool_room
+
+CONFIG = SaturationConfig(max_waiting=2, max_kv_utilization=0.9, stale_after_ms=1000)
+
+
+def endpoint(waiting: float = 0.0, kv: float = 0.1, scraped_at: float = 10.0, in_flight: int = 0,
+             at_scrape: int = 0) -> Endpoint:
+    ep = Endpoint("10.0.0.1:8000", in_flight=in_flight)
+    ep.metrics = EndpointMetrics(scraped_at=scraped_at, waiting=waiting, kv_usage=kv)
+    ep.in_flight_at_scrape = at_scrape
+    return ep
+
+
+def test_room_is_what_is_left_below_the_queue_threshold() -> None:
+    room = pool_room([endpoint(waiting=0), endpoint(waiting=1), endpoint(waiting=5)], 10.5, CONFIG)
+    assert room.requests == 3 and room.stale == 0
+
+
+def test_requests_sent_since_the_scrape_count_as_queued_and_finished_ones_free_room() -> None:
+    assert pool_room([endpoint(waiting=0, in_flight=3, at_scrape=1)], 10.5, CONFIG).requests == 0
+    assert pool_room([endpoint(waiting=2, in_flight=1, at_scrape=3)], 10.5, CONFIG).requests == 2
+
+
+def test_full_kv_cache_has_no_room() -> None:
+    assert pool_room([endpoint(kv=0.95)], 10.5, CONFIG).requests == 0
+
+
+def test_stale_or_missing_metrics_never_stall() -> None:
+    stale = endpoint(waiting=9, scraped_at=8.0)
+    never = Endpoint("10.0.0.2:8000")
+    room = pool_room([stale, endpoint(waiting=9), never], 10.5, CONFIG)
+    assert math.isinf(room.requests) and room.stale == 2
+    assert math.isinf(pool_room([], 10.5, CONFIG).requests)
