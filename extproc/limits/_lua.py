@@ -24,11 +24,30 @@ SETTLE
   KEYS: marker, then the charged window of each budget still counting.
   ARGV: actual tokens, then ttl_ms per window (used only if the window key has to be recreated).
   Reply: 1 if applied, 0 if there was no pending reservation.
+
+CHARGE (tokens admitted while Redis was away, replayed by the failover layer once it is back)
+  KEYS: window counters.
+  ARGV: per window (tokens to add, negative to take back; ttl_ms if the key has to be recreated).
+  Every counter stays >= 0. Reply: 1.
 """
 
 from __future__ import annotations
 
-__all__ = ["ADMIT", "CANCEL", "SETTLE"]
+__all__ = ["ADMIT", "CANCEL", "CHARGE", "SETTLE"]
+
+# add(key, delta, ttl_ms): window counter += delta, never below 0; keeps the key's TTL, or sets ttl_ms
+# when the key is new (or had expired).
+_ADD = r"""
+local function add(key, delta, ttl_ms)
+  local v = tonumber(redis.call('GET', key) or '0') + delta
+  if v < 0 then v = 0 end
+  if redis.call('PTTL', key) > 0 then
+    redis.call('SET', key, string.format('%d', v), 'KEEPTTL')
+  else
+    redis.call('SET', key, string.format('%d', v), 'PX', ttl_ms)
+  end
+end
+"""
 
 ADMIT = r"""
 if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {-1} end
@@ -123,20 +142,17 @@ end
 return reply
 """
 
-SETTLE = r"""
+SETTLE = _ADD + r"""
 local reserved = redis.call('GET', KEYS[1])
 if not reserved then return 0 end
 redis.call('DEL', KEYS[1])
 local delta = tonumber(ARGV[1]) - tonumber(reserved)
-for i = 2, #KEYS do
-  local v = tonumber(redis.call('GET', KEYS[i]) or '0') + delta
-  if v < 0 then v = 0 end
-  if redis.call('PTTL', KEYS[i]) > 0 then
-    redis.call('SET', KEYS[i], string.format('%d', v), 'KEEPTTL')
-  else
-    redis.call('SET', KEYS[i], string.format('%d', v), 'PX', ARGV[i])
-  end
-end
+for i = 2, #KEYS do add(KEYS[i], delta, ARGV[i]) end
+return 1
+"""
+
+CHARGE = _ADD + r"""
+for i = 1, #KEYS do add(KEYS[i], tonumber(ARGV[2 * i - 1]), ARGV[2 * i]) end
 return 1
 """
 

@@ -1,9 +1,13 @@
 """`RedisStore`: the `Store` shared by every process and replica, one atomic round trip per call.
 
 Semantics are `MemoryStore`'s (see `extproc.limits.memory`; the contract tests run the same cases
-against both). `admit` is ONE Lua script (EVALSHA, reloaded automatically on NOSCRIPT) that checks
-and takes every dimension atomically, so N replicas can never jointly overshoot a limit; `settle`
-is one script; `release` is one pipelined ZREM round trip.
+against both). `admit` is ONE Lua script (EVALSHA, run with EVAL on NOSCRIPT) that checks and takes
+every dimension atomically, so N replicas can never jointly overshoot a limit. `release` (ZREM per
+concurrency key) and `settle` (one script) are posted: written to the connection without waiting
+for the reply (`extproc.limits.resp`), since nobody waits on them; an error reply or a connection
+lost before the reply counts in `posted_failures` and calls `on_posted_failure(op, reason)`.
+`ping()` waits for every call posted before it (one connection, replies in order). `charge` adds
+tokens decided elsewhere (fail-open admissions, replayed by the failover layer) to the windows.
 
 Keys (`prefix` defaults to "lim:"; every key expires on its own):
     <prefix><rate.key>:rb                   token bucket hash {t, s}; TTL 2 x time to refill from empty
@@ -29,8 +33,8 @@ returns its reserved tokens. Without it every timed-out admission would leak a l
 and its reservation. A bucket token it may have taken is not refunded (the bucket refills). A
 request_id cancelled this way is refused ("cancelled") if admitted again within those 60 s.
 
-Availability: every call gets `timeout_ms` overall (socket connect/read timeouts too), no client
-retries, and a blocking pool whose wait is bounded by the same deadline. Connection errors, timeouts,
+Availability: one pipelined connection per store (`extproc.limits.resp`); every awaited call gets
+`timeout_ms` (waiting for a connect included), no client retries. Connection errors, timeouts,
 refused AUTH and server errors raise `StoreUnavailable`; the failover layer turns that into a policy.
 TLS: a `rediss://` URL (plus `ssl_ca_certs` / client cert options); AUTH: `redis://user:pass@host`.
 Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) can exceed 5 ms.
@@ -39,25 +43,17 @@ Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) c
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Sequence
 
-from redis.asyncio import BlockingConnectionPool, Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
-
-from extproc.limits._lua import ADMIT, CANCEL, SETTLE
+from extproc.limits import _lua
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
-from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable
+from extproc.limits.resp import Address, Arg, RespClient, Script
+from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable, WindowCharge
 
 __all__ = ["CANCELLED", "RedisStore", "hash_tag"]
 
-_T = TypeVar("_T")
 _log = logging.getLogger(__name__)
 
 CANCELLED = "cancelled"  # refused_by of a request_id whose earlier admission was abandoned
@@ -65,6 +61,7 @@ _TOMBSTONE_TTL_S = 60.0
 _CANCEL_RETRY_DELAYS_S = (0.0, 0.1, 0.5, 2.0, 5.0)
 _CANCEL_MIN_TIMEOUT_S = 0.25
 _MAX_PENDING_CANCELS = 10_000
+_WARM_UP_MIN_S = 1.0
 
 
 def hash_tag(key: str) -> str | None:
@@ -83,35 +80,38 @@ def _ms(seconds: float) -> str:
 
 
 class RedisStore:
-    def __init__(self, url: str, *, timeout_ms: float = 50.0, max_connections: int = 64, prefix: str = "lim:",
+    ADMIT = Script(_lua.ADMIT)
+    SETTLE = Script(_lua.SETTLE)
+    CANCEL = Script(_lua.CANCEL)
+    CHARGE = Script(_lua.CHARGE)
+    SCRIPTS = (ADMIT, SETTLE, CANCEL, CHARGE)
+
+    def __init__(self, url: str, *, timeout_ms: float = 50.0, prefix: str = "lim:",
                  ssl_ca_certs: str | None = None, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
                  require_hash_tag: bool = False) -> None:
         """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
-        call (connect, pool wait, round trip); `max_connections` sizes the blocking pool."""
+        awaited call (waiting for a connect included)."""
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain a hash tag")
         self._timeout_s = timeout_ms / 1000.0
         self._prefix = prefix
         self._require_hash_tag = require_hash_tag
-        tls: dict[str, str] = {}
-        for name, value in (("ssl_ca_certs", ssl_ca_certs), ("ssl_certfile", ssl_certfile),
-                            ("ssl_keyfile", ssl_keyfile)):
-            if value is not None:
-                tls[name] = value
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=self._timeout_s, socket_timeout=self._timeout_s,
-            socket_connect_timeout=self._timeout_s, retry=Retry(NoBackoff(), 0), **tls)
-        self._redis = Redis.from_pool(pool)
-        self._admit = self._redis.register_script(ADMIT)
-        self._settle = self._redis.register_script(SETTLE)
-        self._cancel = self._redis.register_script(CANCEL)
+        address = Address.from_url(url, ssl_ca_certs=ssl_ca_certs, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+        self._client = RespClient(address, timeout_s=self._timeout_s, scripts=self.SCRIPTS,
+                                  on_posted_failure=self._posted_failed)
         self._cancelling: set[asyncio.Task[None]] = set()
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
+        self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call
 
     @property
     def cancelling(self) -> int:
         """Abandoned admissions whose undo is still pending."""
         return len(self._cancelling)
+
+    @property
+    def posted_failures(self) -> dict[str, int]:
+        """Posted calls (release, settle) that failed, by operation."""
+        return dict(self._client.posted_failures)
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         if not (request.rates or request.concurrency or request.budgets):
@@ -121,10 +121,10 @@ class RedisStore:
         if self._require_hash_tag:
             self._check_slot([r.key for r in request.rates] + [c.key for c in request.concurrency]
                              + [b.key for b in request.budgets])
-        keys: list[str] = [f"{p}{r.key}:rb" for r in request.rates]
+        keys: list[Arg] = [f"{p}{r.key}:rb" for r in request.rates]
         keys += [f"{p}{c.key}:cc" for c in request.concurrency]
-        args: list[str | int | float] = [repr(float(now)), tokens, request.request_id, len(request.rates),
-                                         len(request.concurrency), len(request.budgets), repr(EPSILON)]
+        args: list[Arg] = [repr(float(now)), tokens, request.request_id, len(request.rates),
+                           len(request.concurrency), len(request.budgets), repr(EPSILON)]
         for r in request.rates:
             args += [repr(float(r.rate)), repr(float(r.burst)), _ms(bucket_ttl_s(r.rate, r.burst))]
         for c in request.concurrency:
@@ -141,7 +141,7 @@ class RedisStore:
             args.append(_ms(marker_ttl))
         keys.append(self._tombstone(request))
         try:
-            reply: list[bytes | int] = await self._call(self._admit(keys, args))
+            reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args)
         except (StoreUnavailable, asyncio.CancelledError):
             self._abandon(request)
             raise
@@ -150,46 +150,57 @@ class RedisStore:
         return decide(request, _parse(reply, len(request.rates), len(request.concurrency), len(request.budgets)))
 
     async def release(self, reservation: Reservation, now: float) -> None:
-        if not reservation.concurrency:
-            return
-        pipe = self._redis.pipeline(transaction=False)
         for c in reservation.concurrency:
-            pipe.zrem(f"{self._prefix}{c.key}:cc", reservation.request_id)
-        await self._call(pipe.execute())
+            await self._client.post("release", "ZREM", f"{self._prefix}{c.key}:cc", reservation.request_id)
 
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         if not reservation.budgets:
             return
-        keys = [self._marker(reservation.budgets[0].key, reservation.request_id)]
-        args: list[str | int] = [max(0, actual_tokens)]
+        keys: list[Arg] = [self._marker(reservation.budgets[0].key, reservation.request_id)]
+        args: list[Arg] = [max(0, actual_tokens)]
         for b in reservation.budgets:
             charged = window_index(reservation.admitted_at, b.window_s)
             if charged < window_index(now, b.window_s) - 1:
                 continue  # that window no longer counts
             keys.append(f"{self._prefix}{b.key}:tw{b.window_s}:{charged}")
             args.append(_ms(window_ttl_s(charged, b.window_s, now)))
-        await self._call(self._settle(keys, args))
+        await self._client.post_evalsha("settle", self.SETTLE, keys, args)
+
+    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
+        """Add tokens to budget windows (one script call per hash tag, for Redis Cluster)."""
+        by_tag: dict[str | None, tuple[list[Arg], list[Arg]]] = {}
+        for c in charges:
+            if c.index < window_index(now, c.window_s) - 1:
+                continue  # that window no longer counts
+            keys, args = by_tag.setdefault(hash_tag(c.key), ([], []))
+            keys.append(f"{self._prefix}{c.key}:tw{c.window_s}:{c.index}")
+            args += [c.tokens, _ms(window_ttl_s(c.index, c.window_s, now))]
+        await asyncio.gather(*(self._client.evalsha(self.CHARGE, keys, args) for keys, args in by_tag.values()))
 
     async def ping(self) -> None:
-        await self._call(self._redis.ping())
+        """One round trip; it also waits for every call posted before it."""
+        await self._client.call("PING")
 
-    async def warm_up(self, connections: int = 4) -> None:
-        """Open `connections` pooled connections and load the scripts, so that the first admissions
-        do not pay connect + handshake + SCRIPT LOAD against a 5 ms failover deadline. Call at start;
-        raises StoreUnavailable (with a longer allowance of 1 s) if Redis cannot be reached."""
-        async with asyncio.timeout(max(1.0, self._timeout_s)):
-            try:
-                await asyncio.gather(*(self._redis.ping() for _ in range(max(1, connections))))
-                for script in (self._admit, self._settle, self._cancel):
-                    script.sha = await self._redis.script_load(script.script)
-            except (RedisError, OSError) as exc:
-                raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
+    async def warm_up(self) -> None:
+        """Connect (which loads the scripts), so that the first admissions do not pay connect +
+        handshake + SCRIPT LOAD against a 5 ms failover deadline. Call at start; raises
+        StoreUnavailable (with a longer allowance of 1 s) if Redis cannot be reached."""
+        try:
+            async with asyncio.timeout(max(_WARM_UP_MIN_S, self._timeout_s)):
+                await self._client.connect()
+        except TimeoutError as exc:
+            raise StoreUnavailable("redis: warm-up took longer than its allowance") from exc
 
     async def close(self) -> None:
         for task in list(self._cancelling):
             task.cancel()
         await asyncio.gather(*self._cancelling, return_exceptions=True)
-        await self._redis.aclose()
+        await self._client.close()
+
+    def _posted_failed(self, op: str, reason: str) -> None:
+        _log.debug("posted %s failed: %s", op, reason)
+        if self.on_posted_failure is not None:
+            self.on_posted_failure(op, reason)
 
     def _marker(self, budget_key: str, request_id: str) -> str:
         return f"{self._prefix}{budget_key}:res:{request_id}"
@@ -210,18 +221,18 @@ class RedisStore:
 
     async def _cancel_with_retries(self, request: AdmitRequest) -> None:
         p = self._prefix
-        keys = [self._tombstone(request)] + [f"{p}{c.key}:cc" for c in request.concurrency]
+        keys: list[Arg] = [self._tombstone(request), *(f"{p}{c.key}:cc" for c in request.concurrency)]
         if request.budgets:
             keys.append(self._marker(request.budgets[0].key, request.request_id))
             keys += [f"{p}{b.key}:tw{b.window_s}:{window_index(request.now, b.window_s)}" for b in request.budgets]
-        args: list[str | int] = [request.request_id, _ms(_TOMBSTONE_TTL_S), len(request.concurrency)]
+        args: list[Arg] = [request.request_id, _ms(_TOMBSTONE_TTL_S), len(request.concurrency)]
         for delay in _CANCEL_RETRY_DELAYS_S:
             await asyncio.sleep(delay)
             try:
                 async with asyncio.timeout(max(self._timeout_s, _CANCEL_MIN_TIMEOUT_S)):
-                    await self._cancel(keys, args)
+                    await self._client.evalsha(self.CANCEL, keys, args)
                 return
-            except (RedisError, OSError, TimeoutError):
+            except (StoreUnavailable, TimeoutError):
                 continue
         self.cancel_failures_total += 1
         _log.warning("could not undo abandoned admission %s; its leases expire by TTL", request.request_id)
@@ -230,19 +241,6 @@ class RedisStore:
         tags = {hash_tag(k) for k in keys}
         if None in tags or len(tags) > 1:
             raise ValueError(f"keys of one request must share one hash tag for Redis Cluster: {list(keys)}")
-
-    async def _call(self, pending: Awaitable[_T]) -> _T:
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                return await pending
-        except (RedisConnectionError, OSError) as exc:
-            # A restarted Redis leaves every pooled connection broken; drop the idle ones now so the
-            # next calls reconnect instead of each failing once on its own stale socket.
-            with contextlib.suppress(Exception):
-                await self._redis.connection_pool.disconnect(inuse_connections=False)
-            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
-        except (RedisError, TimeoutError) as exc:
-            raise StoreUnavailable(f"redis: {type(exc).__name__}: {exc}") from exc
 
 
 def _parse(reply: list[bytes | int], n_rates: int, n_conc: int, n_budgets: int) -> Observed:

@@ -6,8 +6,9 @@ round trip. Times are seconds since the Unix epoch (wall clock: shared by every 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,17 @@ class Reservation:
         return cls(request.request_id, request.tokens, request.concurrency, request.budgets, request.now)
 
 
+@dataclass(frozen=True, slots=True)
+class WindowCharge:
+    """Tokens to add to one window of a budget (negative: to take back), e.g. admissions a replica
+    decided on its own while the shared store was away, replayed once it is back."""
+
+    key: str  # the TokenBudget's key
+    window_s: int
+    index: int  # floor(time / window_s) of the window charged
+    tokens: int
+
+
 class StoreUnavailable(Exception):
     """The store could not answer within its deadline (Redis down or slow)."""
 
@@ -107,3 +119,11 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ChargeableStore(Protocol):
+    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
+        """Add each charge to its window (clamped at 0); windows that no longer count at `now`
+        (older than the previous one) are skipped."""
+        ...

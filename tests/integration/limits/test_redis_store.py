@@ -49,6 +49,7 @@ async def test_every_key_expires(redis_server: RedisServer) -> None:
         assert 90_000 < ttls[f"ttl:{{t}}:tpm:tw60:{int(T0) // 60}"] <= 91_000  # to the end of the next window
         assert 2 * 86400_000 - 31_000 < ttls["ttl:{t}:tpm:res:r1"] <= 2 * 86400_000  # as long as the day window
         await store.settle(Reservation("r1", 10, (CC,), (TPM, TPD), T0 + 30), 5, T0 + 31)
+        await store.ping()  # settle is posted: wait until Redis has run it
         assert not await raw.exists("ttl:{t}:tpm:res:r1")
         assert await raw.pttl(f"ttl:{{t}}:tpm:tw60:{int(T0) // 60}") > 89_000  # settle keeps the TTL
     finally:
@@ -77,6 +78,7 @@ async def test_settle_never_drives_a_window_below_zero(redis_server: RedisServer
         window = f"clamp:{{t}}:tpm:tw60:{int(T0) // 60}"
         await raw.set(window, 10)  # e.g. the counter was lost and rebuilt lower
         await store.settle(Reservation("a", 50, (), (TPM,), T0 + 5), 0, T0 + 6)
+        await store.ping()
         assert await raw.get(window) == b"0"
     finally:
         await store.close()
@@ -173,8 +175,8 @@ async def test_warm_up_loads_scripts_and_fails_clearly(redis_server: RedisServer
     raw = Redis.from_url(redis_server.url)
     try:
         await raw.script_flush()
-        await store.warm_up(connections=2)
-        assert await raw.script_exists(*(s.sha for s in (store._admit, store._settle, store._cancel))) == [True] * 3
+        await store.warm_up()
+        assert await raw.script_exists(*(s.sha for s in RedisStore.SCRIPTS)) == [True] * len(RedisStore.SCRIPTS)
         assert (await store.admit(AdmitRequest("none", T0, 5))).admitted  # no limits: no round trip needed
     finally:
         await store.close()
