@@ -30,9 +30,11 @@ import yaml
 
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup, self_cpu_seconds, wait_http_ok, wait_port
+from extproc.bench.overload import DEFAULT_LOADS, run_overload
+from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
+from extproc.bench.procs import ProcessGroup, self_cpu_seconds
 from extproc.bench.report import ProgressPrinter, format_table
-from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, envoy_only_bootstrap
+from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import (
     FLEET_HEADROOM,
     KV_TARGET_RATIO,
@@ -55,14 +57,14 @@ from extproc.bench.workloads import (
 )
 from extproc.config import parse_policy
 from extproc.config.schema import BUILTIN_PROFILES
-from extproc.xds import find_envoy, write_config
+from extproc.xds import write_config
 
 __all__ = ["WORKLOADS", "Layout", "configure", "layout_for", "run_routing", "sim_profile"]
 
 DEFAULT_STRATEGIES = "envoy-round-robin,envoy-least-request,least-inflight,default"
 WORKLOADS = ("shared-prefix", "multi-turn", "mixed", "overload")
 # Offered load per workload: light, around the knee, and past it for round-robin on 8 replicas.
-DEFAULT_QPS = {"shared-prefix": "8,24,48", "multi-turn": "8,24,48", "mixed": "8,24,48", "overload": "64"}
+DEFAULT_QPS = {"shared-prefix": "8,24,48", "multi-turn": "8,24,48", "mixed": "8,24,48"}
 CHAT_MODEL = "llama-3.1-8b-instruct"
 CODE_MODEL = "qwen2.5-coder-7b"
 ADAPTERS = ("sql-lora", "summarize-lora", "support-lora")
@@ -90,8 +92,6 @@ def layout_for(name: str, endpoints: int) -> Layout:
         code = SimPool("code", CODE_MODEL, endpoints - chat.replicas)
         targets = (MixedPool("chat", CHAT_MODEL, 0.6, ADAPTERS), MixedPool("code", CODE_MODEL, 0.4))
         return Layout((chat, code), lambda seed: mixed_workload(targets, seed=seed))
-    if name == "overload":
-        raise NotImplementedError("the overload workload is not yet implemented")
     raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
 
 
@@ -107,11 +107,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="shared-prefix",
                         help="shared-prefix: 32 long system prompts x many short questions; multi-turn: "
                              "concurrent conversations whose history grows per turn; mixed: two models, LoRA "
-                             "adapters on one, short and long prompts; overload: not yet (default %(default)s)")
-    parser.add_argument("--strategies", default=DEFAULT_STRATEGIES,
+                             "adapters on one, short and long prompts; overload: three priority classes and unequal "
+                             "tenants offered multiples of the fleet's capacity (see --loads) (default %(default)s)")
+    parser.add_argument("--strategies", default=None,
                         help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random "
-                             "(default %(default)s)")
+                             f"(default {DEFAULT_STRATEGIES}); overload: envoy-least-request, default (no flow "
+                             f"control), default+flow (default {OVERLOAD_STRATEGIES})")
     parser.add_argument("--qps", default=None,
                         help="comma list of offered request rates (Poisson arrivals); default per workload: "
                              + "; ".join(f"{k} {v}" for k, v in DEFAULT_QPS.items() if k != "overload"))
@@ -119,7 +121,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="seconds of the same load before each measured run, not counted (default 5)")
     parser.add_argument("--replicas", type=int, default=1, help="service processes behind Envoy (default 1)")
-    parser.add_argument("--endpoints", type=int, default=8, help="simulated vLLM replicas in total (default 8)")
+    parser.add_argument("--endpoints", type=int, default=None,
+                        help="simulated vLLM replicas in total (default 8; overload: 4)")
+    parser.add_argument("--loads", default=None,
+                        help=f"overload only: comma list of offered load / fleet capacity (default {DEFAULT_LOADS})")
+    parser.add_argument("--capacity", type=float, default=None,
+                        help="overload only: the fleet's capacity in req/s (default: from the simulator profile)")
+    parser.add_argument("--slo-ttft", type=float, default=2.0,
+                        help="overload only: TTFT (s) a served request must meet to count as goodput (default 2)")
+    parser.add_argument("--client-timeout", type=float, default=120.0,
+                        help="overload only: seconds a client waits for its whole response (default 120)")
     parser.add_argument("--seed", type=int, default=0, help="workload, arrival and simulator seed (default 0)")
     parser.add_argument("--out", default=None, help="report directory (default reports/routing-<workload>)")
     parser.add_argument("--stream-chunk-tokens", type=int, default=8,
@@ -150,12 +161,13 @@ class Plan:
 
 
 def _plan(args: argparse.Namespace) -> Plan:
-    strategies = tuple(_csv(args.strategies))
+    strategies = tuple(_csv(args.strategies or DEFAULT_STRATEGIES))
     known = set(ENVOY_STRATEGIES) | set(BUILTIN_PROFILES)
     unknown = [s for s in strategies if s not in known]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))}")
-    layout = layout_for(args.workload, args.endpoints)
+    endpoints = args.endpoints or 8
+    layout = layout_for(args.workload, endpoints)
     rates = [float(q) for q in _csv(args.qps or DEFAULT_QPS[args.workload])]
     if not rates or min(rates) <= 0:
         raise ValueError("--qps needs positive rates")
@@ -163,7 +175,7 @@ def _plan(args: argparse.Namespace) -> Plan:
     if args.quick:
         rates = [rates[0]] if args.qps else [rates[len(rates) // 2]]
         duration, warmup = 20.0, 3.0
-    if args.replicas < 1 or args.endpoints < 1 or duration <= 0 or warmup < 0:
+    if args.replicas < 1 or endpoints < 1 or duration <= 0 or warmup < 0:
         raise ValueError("--replicas and --endpoints must be >= 1, --duration > 0, --warmup >= 0")
     working_set = layout.workload(args.seed).prefix_working_set_tokens
     replicas = {p.name: p.replicas for p in layout.pools}
@@ -216,14 +228,7 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str) 
         stack.children["envoy"] = await start_envoy(group, stack)
         return stack
     # The gateway listener's port is free here (no gateway listener), so the baseline takes it.
-    config = workdir / "envoy-only.yaml"
-    config.write_text(yaml.safe_dump(envoy_only_bootstrap(stack.policy, {strategy: stack.envoy_port},
-                                                          keep_gateway=False), sort_keys=False))
-    envoy = await group.start("envoy", [find_envoy(), "-c", str(config), "--log-level", "warn", "--concurrency", "1",
-                                        "--disable-hot-restart"])
-    await wait_http_ok(f"{stack.envoy_admin_url}/ready", 30, child=envoy)
-    await wait_port("127.0.0.1", stack.envoy_port, 10, child=envoy)
-    stack.children["envoy"] = envoy
+    await start_envoy_only(group, stack, strategy)
     return stack
 
 
@@ -303,11 +308,10 @@ def _point_line(row: dict[str, Any]) -> str:
 
 
 async def run_routing(args: argparse.Namespace) -> int:
+    if args.workload == "overload":
+        return await run_overload(args)
     try:
         plan = _plan(args)
-    except NotImplementedError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -332,7 +336,7 @@ async def run_routing(args: argparse.Namespace) -> int:
     print(format_table(good, TABLE))
     paths = write_reports(plan.out, rows, TABLE, {
         "workload": plan.workload, "strategies": list(plan.strategies), "qps": list(plan.qps),
-        "duration_s": plan.duration_s, "warmup_s": plan.warmup_s, "endpoints": args.endpoints,
+        "duration_s": plan.duration_s, "warmup_s": plan.warmup_s, "endpoints": args.endpoints or 8,
         "service_replicas": plan.replicas, "seed": plan.seed, "stream_chunk_tokens": args.stream_chunk_tokens,
         "kv_sizing": sizing, "sim_profile": sim_profile(plan.kv_blocks), "wall_s": wall,
         "saturation_limit_cores": SATURATED_CORES,

@@ -13,10 +13,15 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+import yaml
+
+from extproc.bench.procs import Child, ProcessGroup, wait_http_ok, wait_port
+from extproc.bench.stack import Stack
 from extproc.config import Policy
+from extproc.xds import find_envoy
 from extproc.xds.render import EXTPROC_CLUSTER, LISTENER, _pool_cluster, render_static, route_config
 
-__all__ = ["ENVOY_STRATEGIES", "POOL_HEADER", "envoy_only_bootstrap", "variant_cluster"]
+__all__ = ["ENVOY_STRATEGIES", "POOL_HEADER", "envoy_only_bootstrap", "start_envoy_only", "variant_cluster"]
 
 # Strategy name -> Envoy lb_policy.
 ENVOY_STRATEGIES: Mapping[str, str] = MappingProxyType({
@@ -94,3 +99,16 @@ def envoy_only_bootstrap(
         resources["listeners"].append(_listener(policy, strategy, port))
         resources["clusters"] += [_cluster(policy, index, strategy) for index in range(len(policy.pools))]
     return bootstrap
+
+
+async def start_envoy_only(group: ProcessGroup, stack: Stack, strategy: str) -> Child:
+    """Envoy alone balancing the stack's pools with `strategy`, on the gateway's listen port (no service)."""
+    config = stack.workdir / "envoy-only.yaml"
+    config.write_text(yaml.safe_dump(envoy_only_bootstrap(stack.policy, {strategy: stack.envoy_port},
+                                                          keep_gateway=False), sort_keys=False))
+    envoy = await group.start("envoy", [find_envoy(), "-c", str(config), "--log-level", "warn", "--concurrency", "1",
+                                        "--disable-hot-restart"])
+    await wait_http_ok(f"{stack.envoy_admin_url}/ready", 30, child=envoy)
+    await wait_port("127.0.0.1", stack.envoy_port, 10, child=envoy)
+    stack.children["envoy"] = envoy
+    return envoy

@@ -50,9 +50,9 @@ def test_plan_rejects_bad_input(tmp_path: Path) -> None:
         routing._plan(_args(tmp_path, "--workload", "mixed", "--endpoints", "1"))
 
 
-async def test_overload_is_not_yet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert await routing.run_routing(_args(tmp_path, "--workload", "overload")) == 2
-    assert "not yet" in capsys.readouterr().err
+async def test_overload_rejects_unknown_strategies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert await routing.run_routing(_args(tmp_path, "--workload", "overload", "--strategies", "random")) == 2
+    assert "strategies must be" in capsys.readouterr().err
 
 
 def test_mixed_layout_has_two_pools_and_adapters() -> None:

@@ -1,0 +1,295 @@
+"""`extproc bench routing --workload overload`: who is served when demand exceeds the fleet.
+
+Three priority classes and several tenants offer a multiple of the fleet's capacity (streaming chat,
+unique prompts so caching plays no part). Strategies: Envoy's least-request alone, our router without
+flow control (`default`), and our router with flow control (`default+flow`). Reported per class: TTFT
+p50/p99 of served requests, rejections, longest time to a rejection; per point: goodput (served
+requests whose TTFT met the SLO), Jain's fairness index over the standard class's equal-weight
+tenants, and the longest queue wait per class the service saw (/debug/flow).
+
+Jain's index is taken over served / fair share, where the fair share is the max-min fair split of
+what the class was served among its tenants' demands (water-filling): a light tenant that got all
+it asked for and heavy tenants that split the rest equally score 1.0.
+
+Capacity is computed from the simulator's timing model (see `capacity_rps`), not measured: every
+replica runs `max_num_seqs` sequences at the full-batch inter-token latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from extproc.bench.httpclient import HttpClient, RequestError
+from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
+from extproc.bench.procs import ProcessGroup
+from extproc.bench.report import ProgressPrinter, format_markdown_table, format_table, write_json
+from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
+from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
+from extproc.bench.stats import percentiles
+from extproc.flow import FlowControlConfig
+from extproc.sim.profile import BUILTIN_PROFILES, Profile
+
+__all__ = ["DEFAULT_LOADS", "DEFAULT_STRATEGIES", "MIX", "Demand", "capacity_rps", "jain", "max_min_shares",
+           "run_overload"]
+
+DEFAULT_STRATEGIES = "envoy-least-request,default,default+flow"
+DEFAULT_LOADS = "0.7,2"
+MODEL = "llama-3.1-8b-instruct"
+PROMPT_CHARS = 400  # ~100 tokens
+MAX_TOKENS = 128
+
+
+@dataclass(frozen=True)
+class Demand:
+    klass: str
+    tenant: str
+    tier: str
+    share: float  # of the offered load
+
+
+# Critical 15%, standard 50% over four equal-weight tenants asking 1:1:2:4, sheddable 35%. At 2x the
+# capacity critical + standard ask 1.3x: the standard tenants compete for what critical leaves.
+MIX: tuple[Demand, ...] = (
+    Demand("critical", "crit", "gold", 0.15),
+    Demand("standard", "std-1", "standard", 0.0625),
+    Demand("standard", "std-2", "standard", 0.0625),
+    Demand("standard", "std-3", "standard", 0.125),
+    Demand("standard", "std-4", "standard", 0.25),
+    Demand("sheddable", "batch", "batch", 0.35),
+)
+CLASSES = ("critical", "standard", "sheddable")
+
+
+def capacity_rps(profile: Profile, replicas: int, prompt_tokens: int, mean_output_tokens: float) -> float:
+    """Requests/s the fleet completes with every replica's batch full (prefill + decode at full batch)."""
+    service_s = profile.prefill_s(prompt_tokens) + mean_output_tokens * profile.itl_for(profile.max_num_seqs)
+    return replicas * profile.max_num_seqs / service_s
+
+
+def max_min_shares(demands: Mapping[str, float], total: float) -> dict[str, float]:
+    """Max-min fair split of `total` among `demands` (water-filling)."""
+    shares: dict[str, float] = {}
+    left = dict(demands)
+    remaining = total
+    while left:
+        equal = remaining / len(left)
+        satisfied = {k: d for k, d in left.items() if d <= equal}
+        if not satisfied:
+            shares.update({k: equal for k in left})
+            break
+        for key, demand in satisfied.items():
+            shares[key] = demand
+            remaining -= demand
+            del left[key]
+    return shares
+
+
+def jain(values: Sequence[float]) -> float | None:
+    if not values or not any(values):
+        return None
+    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
+
+
+def _policy(flow: bool) -> dict[str, Any]:
+    return {
+        "auth": {"mode": "trusted-header"},
+        "tiers": {"default": {}, "gold": {"priority": "critical"}, "standard": {"priority": "standard"},
+                  "batch": {"priority": "sheddable"}},
+        "flow_control": {"enabled": flow},
+    }
+
+
+def _spec_factory(seed: int, envoy_only: bool) -> Callable[[int], RequestSpec]:
+    weights = [d.share for d in MIX]
+
+    def spec(index: int) -> RequestSpec:
+        rng = random.Random(seed * 1_000_003 + index)
+        demand = rng.choices(MIX, weights)[0]
+        words = " ".join(f"w{rng.randrange(100_000)}" for _ in range(PROMPT_CHARS // 7))
+        body = {"model": MODEL, "stream": True, "max_tokens": MAX_TOKENS,
+                "messages": [{"role": "user", "content": f"request {index}: {words}"}]}
+        headers: tuple[tuple[str, str], ...] = (
+            ("content-type", "application/json"), ("x-tenant-id", demand.tenant), ("x-tenant-tier", demand.tier))
+        if envoy_only:
+            headers += ((POOL_HEADER, "chat"),)
+        return RequestSpec("POST", "/v1/chat/completions", headers, json.dumps(body).encode(), stream=True,
+                           labels={"class": demand.klass, "tenant": demand.tenant})
+
+    return spec
+
+
+def write_markdown(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value * 1000.0, 1)
+
+
+def class_rows(samples: Sequence[Sample], slo_s: float) -> dict[str, dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for klass in CLASSES:
+        mine = [s for s in samples if s.labels.get("class") == klass]
+        served = [s for s in mine if s.error is None and s.ttft_s is not None]
+        rejected = [s for s in mine if s.status in (429, 503)]
+        ttft = percentiles([s.ttft_s for s in served if s.ttft_s is not None], (50, 99))
+        rows[klass] = {
+            "offered": len(mine), "served": len(served), "rejected": len(rejected),
+            "other_errors": len(mine) - len(served) - len(rejected),
+            "ttft_p50_ms": _ms(ttft["p50"]), "ttft_p99_ms": _ms(ttft["p99"]),
+            "within_slo": sum(1 for s in served if s.ttft_s is not None and s.ttft_s <= slo_s),
+            "max_reject_s": round(max((s.e2e_s for s in rejected), default=0.0), 3),
+        }
+    return rows
+
+
+def fairness(samples: Sequence[Sample], klass: str = "standard") -> dict[str, Any]:
+    tenants = sorted({d.tenant for d in MIX if d.klass == klass})
+    offered = {t: sum(1 for s in samples if s.labels.get("tenant") == t) for t in tenants}
+    served = {t: sum(1 for s in samples if s.labels.get("tenant") == t and s.error is None) for t in tenants}
+    fair = max_min_shares({t: float(offered[t]) for t in tenants}, float(sum(served.values())))
+    normalised = [served[t] / fair[t] for t in tenants if fair.get(t)]
+    index = jain(normalised)
+    return {"offered": offered, "served": served, "fair_share": {t: round(v, 1) for t, v in fair.items()},
+            "jain": None if index is None else round(index, 3)}
+
+
+async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: int, sim_args: Sequence[str]) -> Stack:
+    pools = [SimPool("chat", MODEL, endpoints)]
+    envoy_only = strategy in ENVOY_STRATEGIES
+    stack = prepare(workdir, pools, extra_policy=_policy(strategy.endswith("+flow")))
+    stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
+    if envoy_only:
+        await start_envoy_only(group, stack, strategy)
+        return stack
+    stack.children["service"] = await start_service(group, stack)
+    stack.children["envoy"] = await start_envoy(group, stack)
+    return stack
+
+
+async def _flow_stats(client: HttpClient, stack: Stack) -> dict[str, Any]:
+    port = stack.service_ports[0][1]
+    try:
+        response = await client.request("GET", "127.0.0.1", port, "/debug/flow", timeout_s=5.0)
+    except RequestError:
+        return {}
+    if response.status != 200:
+        return {}
+    pools: dict[str, dict[str, Any]] = json.loads(response.body).get("pools", {})
+    return pools.get("chat", {})
+
+
+async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
+                    sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
+    rate = load * capacity
+    async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
+        stack = await _start(group, workdir, strategy, endpoints, sim_args)
+        printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
+        started = time.perf_counter()
+        try:
+            samples = await run_open_loop("127.0.0.1", stack.envoy_port,
+                                          _spec_factory(args.seed, strategy in ENVOY_STRATEGIES), rate=rate,
+                                          duration_s=args.duration, seed=args.seed, client=client,
+                                          progress=printer, timeout_s=args.client_timeout, max_in_flight=4096)
+        finally:
+            printer.close()
+        wall = time.perf_counter() - started
+        flow = await _flow_stats(client, stack) if strategy.endswith("+flow") else {}
+    classes = class_rows(samples, args.slo_ttft)
+    within = sum(row["within_slo"] for row in classes.values())
+    max_wait = {k: v.get("max_wait_s") for k, v in flow.get("classes", {}).items()}
+    return {
+        "strategy": strategy, "load": load, "rate_rps": round(rate, 2), "wall_s": round(wall, 1),
+        "classes": classes, "fairness": fairness(samples),
+        "goodput_rps": round(within / args.duration, 2),
+        "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
+        "max_queue_wait_s": max_wait, "flow": flow,
+    }
+
+
+TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50_ms", "crit50"),
+         ("classes.critical.ttft_p99_ms", "crit99"), ("classes.critical.rejected", "crit_rej"),
+         ("classes.standard.ttft_p50_ms", "std50"), ("classes.standard.ttft_p99_ms", "std99"),
+         ("classes.standard.rejected", "std_rej"), ("classes.sheddable.ttft_p99_ms", "shed99"),
+         ("classes.sheddable.rejected", "shed_rej"), ("goodput_rps", "goodput"), ("fairness.jain", "jain"),
+         ("client_timeouts", "timeouts")]
+
+
+def verdicts(rows: Sequence[Mapping[str, Any]], loads: Sequence[float],
+             classes: Mapping[str, float]) -> list[str]:
+    """The acceptance figures, per strategy: critical p99 at the highest load vs the lowest, etc."""
+    lines = []
+    low, high = min(loads), max(loads)
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        by_load = {r["load"]: r for r in rows if r["strategy"] == strategy and "failed" not in r}
+        if low not in by_load or high not in by_load or low == high:
+            continue
+        base = by_load[low]["classes"]["critical"]["ttft_p99_ms"]
+        peak = by_load[high]["classes"]["critical"]["ttft_p99_ms"]
+        ratio = round(peak / base, 2) if base and peak else None
+        rejected = {k: by_load[high]["classes"][k]["rejected"] for k in CLASSES}
+        waits = by_load[high]["max_queue_wait_s"]
+        over = [k for k, v in waits.items() if v is not None and k in classes and v > classes[k] + 0.05]
+        lines.append(
+            f"{strategy}: critical TTFT p99 {base} ms at {low:g}x -> {peak} ms at {high:g}x (ratio {ratio}, "
+            f"target <= 1.5); rejections at {high:g}x {rejected}; Jain {by_load[high]['fairness']['jain']} "
+            f"(target >= 0.9); longest queue wait per class {waits or 'n/a'}"
+            + (f"; OVER LIMIT: {over}" if over else ""))
+    return lines
+
+
+async def run_overload(args: argparse.Namespace) -> int:
+    strategies = [s.strip() for s in (args.strategies or DEFAULT_STRATEGIES).split(",") if s.strip()]
+    bad = [s for s in strategies if s not in ENVOY_STRATEGIES and s.removesuffix("+flow") != "default"]
+    loads = [float(x) for x in (args.loads or DEFAULT_LOADS).split(",") if x.strip()]
+    endpoints = args.endpoints or 4
+    if bad or not loads or min(loads) <= 0:
+        print(f"error: strategies must be envoy-least-request, envoy-round-robin, default or default+flow "
+              f"(got {bad}); --loads must be positive", file=sys.stderr)
+        return 2
+    profile = BUILTIN_PROFILES["h100-8b"]
+    mean_output = MAX_TOKENS * (1 + profile.min_output_fraction) / 2
+    capacity = args.capacity or capacity_rps(profile, endpoints, PROMPT_CHARS // 4, mean_output)
+    workdir = Path(args.workdir) if args.workdir else Path(f"/tmp/extproc-overload-{int(time.time())}")
+    sim_args = ("--profile", "h100-8b", "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--seed",
+                str(args.seed))
+    out = Path(args.out or "reports/routing-overload")
+    # The service's default classes, which this benchmark runs with.
+    classes = {name: spec.max_wait_s for name, spec in FlowControlConfig().classes.items()}
+    print(f"overload: {endpoints} replicas of h100-8b, capacity ~{capacity:.1f} req/s; loads {loads} x capacity; "
+          f"{args.duration:g} s per point; strategies {strategies}; class waits {classes}; workdir {workdir}",
+          file=sys.stderr)
+    rows: list[dict[str, Any]] = []
+    for load in loads:
+        for strategy in strategies:
+            try:
+                row = await run_point(strategy, load, capacity, args, endpoints, sim_args,
+                                      workdir / f"{strategy}-{load:g}x")
+            except Exception as exc:  # one broken point must not end the run
+                row = {"strategy": strategy, "load": load, "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+            rows.append(row)
+            print(f"{strategy} @ {load:g}x: " + json.dumps(row.get("classes", row.get("failed"))), file=sys.stderr)
+    good = [r for r in rows if "failed" not in r]
+    print(format_table(good, TABLE))
+    summary = verdicts(good, loads, classes)
+    for line in summary:
+        print(line)
+    meta = {"endpoints": endpoints, "capacity_rps": round(capacity, 2), "loads": loads, "duration_s": args.duration,
+            "slo_ttft_s": args.slo_ttft, "mix": [vars(d) for d in MIX], "class_max_wait_s": classes,
+            "seed": args.seed, "workdir": str(workdir)}
+    paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "verdicts": summary})]
+    markdown = (f"## Overload benchmark\n\n{json.dumps(meta)}\n\n" + format_markdown_table(good, TABLE)
+                + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
+    paths.append(write_markdown(out / "results.md", markdown))
+    print(f"reports: {', '.join(str(p) for p in paths)}")
+    return 1 if len(good) < len(rows) else 0

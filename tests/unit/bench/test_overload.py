@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from extproc.bench import overload
+from extproc.bench.loadgen import Sample
+from extproc.sim.profile import BUILTIN_PROFILES
+
+
+def test_max_min_fair_shares_fill_light_demands_first() -> None:
+    shares = overload.max_min_shares({"a": 10, "b": 10, "c": 40, "d": 80}, 100)
+    assert shares == pytest.approx({"a": 10, "b": 10, "c": 40, "d": 40})
+    assert overload.max_min_shares({"a": 50, "b": 50}, 40) == pytest.approx({"a": 20, "b": 20})
+
+
+def test_jain_index() -> None:
+    assert overload.jain([1, 1, 1, 1]) == pytest.approx(1.0)
+    assert overload.jain([1, 1, 2, 4]) == pytest.approx(64 / (4 * 22))
+    assert overload.jain([]) is None
+
+
+def test_capacity_follows_the_simulator_timing_model() -> None:
+    profile = BUILTIN_PROFILES["h100-8b"]
+    one = overload.capacity_rps(profile, 1, 100, 96)
+    service_s = profile.prefill_s(100) + 96 * profile.itl_for(profile.max_num_seqs)
+    assert one == pytest.approx(16 / service_s)
+    assert overload.capacity_rps(profile, 4, 100, 96) == pytest.approx(4 * one)
+
+
+def _sample(index: int, tenant: str, klass: str, status: int = 200, ttft: float | None = 0.1) -> Sample:
+    error = None if status < 400 else f"http_{status // 100}xx"
+    return Sample(index, {"tenant": tenant, "class": klass}, 0.0, 0.0, status=status, error=error,
+                  ttft_s=ttft if error is None else None, e2e_s=0.5)
+
+
+def test_fairness_scores_served_against_the_fair_share() -> None:
+    samples = [_sample(i, "std-1", "standard") for i in range(10)]
+    samples += [_sample(100 + i, "std-2", "standard") for i in range(10)]
+    # std-3 and std-4 asked for more; each got the same 20 served: perfectly fair.
+    samples += [_sample(200 + i, "std-3", "standard", 200 if i < 20 else 503) for i in range(40)]
+    samples += [_sample(300 + i, "std-4", "standard", 200 if i < 20 else 503) for i in range(80)]
+    assert overload.fairness(samples)["jain"] == pytest.approx(1.0)
+    # Served in proportion to demand instead (first come, first served): unfair.
+    unfair = [s for s in samples if s.labels["tenant"] in ("std-1", "std-2")]
+    unfair += [_sample(400 + i, "std-3", "standard", 200 if i < 13 else 503) for i in range(40)]
+    unfair += [_sample(500 + i, "std-4", "standard", 200 if i < 27 else 503) for i in range(80)]
+    assert overload.fairness(unfair)["jain"] < 0.95
+
+
+def test_class_rows_count_rejections_and_slo() -> None:
+    samples = [_sample(0, "crit", "critical", ttft=0.1), _sample(1, "crit", "critical", ttft=3.0),
+               _sample(2, "batch", "sheddable", 503)]
+    rows = overload.class_rows(samples, slo_s=2.0)
+    assert rows["critical"]["served"] == 2 and rows["critical"]["within_slo"] == 1
+    assert rows["sheddable"]["rejected"] == 1 and rows["sheddable"]["max_reject_s"] == 0.5
+
+
+def test_specs_follow_the_mix_and_carry_tenant_headers() -> None:
+    spec = overload._spec_factory(0, envoy_only=True)
+    specs = [spec(i) for i in range(4000)]
+    share = sum(1 for s in specs if s.labels["class"] == "sheddable") / len(specs)
+    assert share == pytest.approx(0.35, abs=0.03)
+    headers = dict(specs[0].headers)
+    assert headers["x-tenant-tier"] in {"gold", "standard", "batch"} and "x-bench-pool" in headers
+    assert json.loads(specs[0].body)["stream"] is True
+    assert spec(7).body == overload._spec_factory(0, envoy_only=True)(7).body
