@@ -27,6 +27,7 @@ __all__ = [
     "bucket_ttl_s",
     "budget_admits",
     "budget_name",
+    "cap_admits",
     "concurrency_retry_s",
     "decide",
     "refused_label",
@@ -198,6 +199,9 @@ class Observed:
     leases_live: Sequence[int]  # per concurrency limit: live leases after the decision
     leases_earliest: Sequence[float | None]  # per concurrency limit: earliest expiry after the decision
     windows: Sequence[tuple[float, float]]  # per budget: (previous, current) window before the decision
+    # Per budget (or empty: none): an extra bound on the tokens this admission may take, valid until
+    # the end of the current window (the fail-open fallback's view of what the shared store had left).
+    caps: Sequence[float | None] = ()
 
 
 def bucket_admits(level: float) -> bool:
@@ -209,10 +213,16 @@ def budget_admits(previous: float, current: float, tokens: float, limit: float, 
     return tokens <= limit and window_estimate(previous, current, now, index, window_s) + tokens <= limit + EPSILON
 
 
+def cap_admits(tokens: float, cap: float | None) -> bool:
+    return cap is None or tokens <= cap + EPSILON
+
+
 def decide(request: AdmitRequest, seen: Observed) -> AdmitResult:
     """The AdmitResult of an admission the store has already decided (and applied) as `seen` says.
     The store's own decision must be: every bucket level >= 1, every lease free, every budget
-    `budget_admits`; this function only explains it."""
+    `budget_admits` and `cap_admits`; this function only explains it. A budget refused by its cap
+    retries at the end of the current window (the cap ends there); its remaining is the lower of the
+    two bounds."""
     now, tokens, admitted = request.now, max(0, request.tokens), seen.admitted
     checks: list[Check] = []
     for rate, level in zip(request.rates, seen.levels, strict=True):
@@ -226,17 +236,25 @@ def decide(request: AdmitRequest, seen: Observed) -> AdmitResult:
         wait = concurrency_retry_s(earliest, now)
         checks.append(Check("concurrency", conc.key, float(conc.limit), ok, False, 0.0 if ok else wait,
                             float(conc.limit - live), wait if live else 0.0))
-    for budget, (previous, current) in zip(request.budgets, seen.windows, strict=True):
+    for i, (budget, (previous, current)) in enumerate(zip(request.budgets, seen.windows, strict=True)):
         index = window_index(now, budget.window_s)
+        cap = seen.caps[i] if seen.caps else None
         big = tokens > budget.limit
         ok = budget_admits(previous, current, tokens, budget.limit, now, index, budget.window_s)
+        reset = (index + 1) * budget.window_s - now
         retry = 0.0
         if big:
             retry = float(budget.window_s)
         elif not ok:
             retry = window_retry_s(previous, current, tokens, budget.limit, now, index, budget.window_s)
+        if not big and not cap_admits(tokens, cap):
+            ok = False
+            retry = max(retry, min(float(budget.window_s), reset + RETRY_MARGIN_S))
         estimate = window_estimate(previous, current, now, index, budget.window_s)
         after = estimate + tokens if admitted else estimate
+        remaining = budget.limit - after
+        if cap is not None:
+            remaining = min(remaining, cap - tokens if admitted else cap)
         checks.append(Check(budget_name(budget.window_s), budget.key, float(budget.limit), ok, big, retry,
-                            float(math.floor(budget.limit - after + EPSILON)), (index + 1) * budget.window_s - now))
+                            float(math.floor(remaining + EPSILON)), reset))
     return verdict(checks)

@@ -29,7 +29,8 @@ Token budgets (`TokenBudget`, "tokens" per minute, "tokens-day" per day, "tokens
     admission records the reserved tokens under the request_id (a pending marker living as long as
     the charged windows count); `settle` applies only while the marker exists and deletes it. So
     memory holds only unsettled reservations, and a second settle, or a settle of something never
-    admitted, changes nothing.
+    admitted, changes nothing. `charge` adds tokens to given windows (clamped at 0), skipping
+    windows that no longer count.
 
 The decision
     All-or-nothing: a refused admission changes nothing (no token, no lease, no reservation).
@@ -44,6 +45,7 @@ leases, windows older than the previous one and expired pending markers (amortis
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from extproc.limits._rules import (
@@ -52,11 +54,20 @@ from extproc.limits._rules import (
     bucket_level,
     bucket_ttl_s,
     budget_admits,
+    cap_admits,
     decide,
     window_index,
     window_ttl_s,
 )
-from extproc.limits.types import AdmitRequest, AdmitResult, ConcurrencyLimit, RateLimit, Reservation, TokenBudget
+from extproc.limits.types import (
+    AdmitRequest,
+    AdmitResult,
+    ConcurrencyLimit,
+    RateLimit,
+    Reservation,
+    TokenBudget,
+    WindowCharge,
+)
 
 __all__ = ["MemoryStore"]
 
@@ -97,12 +108,17 @@ class MemoryStore:
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         self.settle_now(reservation, actual_tokens, now)
 
+    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
+        self.charge_now(charges, now)
+
     async def close(self) -> None:
         return None
 
     # --- synchronous core (usable from sans-IO code) -----------------------------------------------
 
-    def admit_now(self, request: AdmitRequest) -> AdmitResult:
+    def admit_now(self, request: AdmitRequest, caps: Sequence[float | None] = ()) -> AdmitResult:
+        """`caps`: per budget (or empty), an extra bound on the tokens this admission may take (see
+        `_rules.Observed.caps`)."""
         now, rid = request.now, request.request_id
         self._maybe_sweep(now)
         tokens = max(0, request.tokens)
@@ -111,7 +127,8 @@ class MemoryStore:
         windows = [self._window(budget, now) for budget in request.budgets]
         admitted = (all(bucket_admits(level) for level in levels) and all(leases_ok)
                     and all(budget_admits(prev, cur, tokens, b.limit, now, window_index(now, b.window_s), b.window_s)
-                            for b, (prev, cur) in zip(request.budgets, windows, strict=True)))
+                            for b, (prev, cur) in zip(request.budgets, windows, strict=True))
+                    and all(cap_admits(tokens, cap) for cap in caps))
         if admitted:
             self._take(request, tokens, levels)
         live: list[int] = []
@@ -121,7 +138,7 @@ class MemoryStore:
             live.append(len(leases) if leases else 0)
             # The front lease expires first unless lease TTLs differ under one key; a refusal looks exactly.
             earliest.append((next(iter(leases.values())) if ok else min(leases.values())) if leases else None)
-        return decide(request, Observed(admitted, levels, leases_ok, live, earliest, windows))
+        return decide(request, Observed(admitted, levels, leases_ok, live, earliest, windows, caps))
 
     def release_now(self, reservation: Reservation, now: float) -> None:
         self._maybe_sweep(now)
@@ -132,11 +149,12 @@ class MemoryStore:
                 if not leases:
                     del self._leases[conc.key]
 
-    def settle_now(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
+    def settle_now(self, reservation: Reservation, actual_tokens: int, now: float) -> int | None:
+        """The correction applied (actual - reserved), or None if there was nothing to settle."""
         self._maybe_sweep(now)
         pending = self._pending.pop(reservation.request_id, None)
         if pending is None or pending.expires_at <= now:
-            return
+            return None
         delta = max(0, actual_tokens) - pending.tokens
         for budget in reservation.budgets:
             charged = window_index(reservation.admitted_at, budget.window_s)
@@ -144,6 +162,15 @@ class MemoryStore:
                 continue  # that window no longer counts
             slot = (budget.key, budget.window_s, charged)
             self._windows[slot] = max(0, self._windows.get(slot, 0) + delta)
+        return delta
+
+    def charge_now(self, charges: Sequence[WindowCharge], now: float) -> None:
+        self._maybe_sweep(now)
+        for charge in charges:
+            if charge.index < window_index(now, charge.window_s) - 1:
+                continue  # that window no longer counts
+            slot = (charge.key, charge.window_s, charge.index)
+            self._windows[slot] = max(0, self._windows.get(slot, 0) + charge.tokens)
 
     # --- dimensions -----------------------------------------------------------------------------
 

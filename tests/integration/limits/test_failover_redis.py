@@ -124,3 +124,36 @@ async def test_a_stalled_redis_is_decided_within_the_deadline(servers: Callable[
     finally:
         await store.close()
         await staller.aclose()
+
+
+async def test_fail_open_is_capped_by_what_redis_had_left_and_replayed_into_it(
+        servers: Callable[..., RedisServer]) -> None:
+    server = servers()
+    store, _ = failover(server, "fail-open")
+    witness = RedisStore(server.url, timeout_ms=2000, prefix="lim:")
+    staller = Redis.from_url(server.url)
+    budget = TokenBudget("{t}:capped", limit=1000, window_s=60)
+    t0 = 1_699_920_000.0  # the window is chosen by the requests' time, so the test never crosses one
+
+    def spend(rid: str, tokens: int, at: float) -> AdmitRequest:
+        return AdmitRequest(rid, t0 + at, tokens, budgets=(budget,))
+
+    try:
+        assert (await store.admit(spend("a", 900, 1))).admitted and store.primary_up  # Redis: 100 left
+        stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "1"))  # type: ignore[no-untyped-call]
+        await asyncio.sleep(0.05)
+        assert (await store.admit(spend("b", 60, 2))).admitted and not store.primary_up  # decided locally
+        refused = await store.admit(spend("c", 60, 3))  # the local share (all of 1000) would admit it
+        assert (refused.admitted, refused.refused_by) == (False, "tokens:{t}:capped")
+        await stall
+        await asyncio.sleep(BACKOFF_S * 1.5)
+        assert (await store.admit(spend("d", 1, 4))).admitted and store.primary_up
+        await store.replayed()
+        assert store.replayed_tokens_total == 60
+        # b's abandoned admission in Redis was undone; its local admission was replayed instead
+        probe = await witness.admit(spend("probe", 0, 5))
+        assert probe.states[0].remaining == 1000 - 900 - 60 - 1
+    finally:
+        await store.close()
+        await witness.close()
+        await staller.aclose()

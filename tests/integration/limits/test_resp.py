@@ -1,0 +1,175 @@
+"""The lean RESP client against a real redis-server: pipelining order, abandoned calls, NOSCRIPT,
+posted calls and their failures, SELECT, reconnects and a stalled server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+from redis.asyncio import Redis
+
+from extproc.limits import StoreUnavailable
+from extproc.limits.resp import Address, RespClient, Script
+from tests.integration.limits.redis_server import RedisServer
+
+pytestmark = pytest.mark.integration
+
+ECHO = Script("return {KEYS[1], ARGV[1]}")
+
+
+def client(url: str, timeout_s: float = 2.0, stale_after_s: float | None = None,
+           failures: list[tuple[str, str]] | None = None) -> RespClient:
+    def failed(op: str, reason: str) -> None:
+        if failures is not None:
+            failures.append((op, reason))
+
+    return RespClient(Address.from_url(url), timeout_s=timeout_s, scripts=(ECHO,), stale_after_s=stale_after_s,
+                      on_posted_failure=failed)
+
+
+@pytest.fixture
+async def resp(redis_server: RedisServer) -> AsyncIterator[RespClient]:
+    made = client(redis_server.url)
+    try:
+        yield made
+    finally:
+        await made.close()
+
+
+def test_urls() -> None:
+    plain = Address.from_url("redis://u%40x:p%3Aw@example:7000/3")
+    assert (plain.host, plain.port, plain.username, plain.password, plain.db, plain.tls) == (
+        "example", 7000, "u@x", "p:w", 3, None)
+    assert plain.handshake() == [("AUTH", "u@x", "p:w"), ("SELECT", 3)]
+    assert Address.from_url("redis://:pw@h").handshake() == [("AUTH", "pw")]
+    assert Address.from_url("redis://h").handshake() == []
+    assert Address.from_url("rediss://h").tls is not None
+    for bad in ("http://h", "redis://h/zero"):
+        with pytest.raises(ValueError):
+            Address.from_url(bad)
+
+
+async def test_pipelined_replies_reach_their_callers(resp: RespClient) -> None:
+    replies = await asyncio.gather(*(resp.call("ECHO", str(i)) for i in range(500)))
+    assert replies == [str(i).encode() for i in range(500)]
+    assert await resp.evalsha(ECHO, ["k"], [7]) == [b"k", b"7"]
+    with pytest.raises(StoreUnavailable, match=r"ERR"):
+        await resp.call("INCRBY", "not-a-number-key", "x")
+
+
+async def test_a_caller_that_gives_up_does_not_shift_the_replies(redis_server: RedisServer, resp: RespClient) -> None:
+    staller = Redis.from_url(redis_server.url)
+    try:
+        stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "0.3"))  # type: ignore[no-untyped-call]
+        await asyncio.sleep(0.05)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.02):
+                await resp.call("ECHO", "abandoned")
+        cancelled = asyncio.create_task(resp.call("ECHO", "cancelled"))
+        await asyncio.sleep(0.01)
+        cancelled.cancel()
+        assert await resp.call("ECHO", "mine") == b"mine"
+        await stall
+    finally:
+        await staller.aclose()
+
+
+async def test_noscript_falls_back_to_eval_for_calls_and_posts(redis_server: RedisServer,
+                                                               resp: RespClient) -> None:
+    raw = Redis.from_url(redis_server.url)
+    try:
+        await resp.call("PING")
+        await raw.script_flush()
+        assert await resp.evalsha(ECHO, ["k"], ["v"]) == [b"k", b"v"]
+        await raw.script_flush()
+        await resp.post_evalsha("echo", ECHO, ["k"], ["v"])
+        await resp.call("PING")
+        await resp.call("PING")  # the EVAL retry was sent after the first PING
+        assert resp.posted_failures == {}
+    finally:
+        await raw.aclose()
+
+
+async def test_posted_calls_keep_order_and_count_failures(redis_server: RedisServer) -> None:
+    seen: list[tuple[str, str]] = []
+    resp = client(redis_server.url, failures=seen)
+    try:
+        await resp.post("set", "SET", "posted:k", "1")
+        await resp.post("incr", "INCRBY", "posted:k", "2")
+        await resp.post("bad", "INCRBY", "posted:k", "not-a-number")
+        assert await resp.call("GET", "posted:k") == b"3"
+        assert resp.posted_failures == {"bad": 1} and seen[0][0] == "bad" and "ERR" in seen[0][1]
+    finally:
+        await resp.close()
+
+
+async def test_select_and_auth_on_connect(servers: Callable[..., RedisServer]) -> None:
+    server = servers("--requirepass", "pw")
+    db3 = client(f"redis://:pw@127.0.0.1:{server.port}/3")
+    raw = Redis.from_url(f"redis://:pw@127.0.0.1:{server.port}/3")
+    try:
+        await db3.call("SET", "in-db-3", "yes")
+        assert await raw.get("in-db-3") == b"yes"
+    finally:
+        await db3.close()
+        await raw.aclose()
+
+
+async def test_a_lost_connection_fails_pending_calls_and_the_next_call_reconnects(
+        servers: Callable[..., RedisServer]) -> None:
+    server = servers()
+    failures: list[tuple[str, str]] = []
+    resp = client(server.url, timeout_s=1.0, failures=failures)
+    try:
+        await resp.call("PING")
+        staller = Redis.from_url(server.url)
+        stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
+        await asyncio.sleep(0.05)
+        pending = asyncio.create_task(resp.call("ECHO", "lost"))
+        await resp.post("release", "ZREM", "k", "m")
+        await asyncio.sleep(0.05)
+        server.kill()
+        with pytest.raises(StoreUnavailable, match="connection lost"):
+            await pending
+        assert [op for op, _ in failures] == ["release"]
+        with pytest.raises(StoreUnavailable):  # refused, then a short backoff
+            await resp.call("PING")
+        with pytest.raises(StoreUnavailable, match="backoff"):
+            await resp.call("PING")
+        stall.cancel()
+        await asyncio.gather(stall, return_exceptions=True)
+        await staller.aclose()
+        server.start()
+        for _ in range(50):  # backoff is at most 0.5 s
+            try:
+                assert await resp.call("PING") == b"PONG"
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.05)
+        assert await resp.evalsha(ECHO, ["k"], ["v"]) == [b"k", b"v"]  # scripts loaded again on connect
+    finally:
+        await resp.close()
+
+
+async def test_a_stalled_connection_is_dropped_when_a_caller_gives_up(redis_server: RedisServer) -> None:
+    failures: list[tuple[str, str]] = []
+    resp = client(redis_server.url, timeout_s=0.05, stale_after_s=0.15, failures=failures)
+    staller = Redis.from_url(redis_server.url)
+    try:
+        await resp.call("PING")
+        stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "0.6"))  # type: ignore[no-untyped-call]
+        await asyncio.sleep(0.05)
+        await resp.post("posted", "ECHO", "x")
+        with pytest.raises(StoreUnavailable, match="no reply within"):
+            await resp.call("ECHO", "first")  # waited 50 ms: not stale yet, the connection stays
+        assert failures == []
+        await asyncio.sleep(0.15)
+        with pytest.raises(StoreUnavailable, match="no reply within"):
+            await resp.call("ECHO", "second")  # no reply for > 150 ms when it gives up: dropped
+        assert [op for op, _ in failures] == ["posted"] and "reconnecting" in failures[0][1]
+        await stall
+        assert await resp.call("ECHO", "after") == b"after"  # on a new connection
+    finally:
+        await resp.close()
+        await staller.aclose()
