@@ -34,7 +34,7 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import hiredis
@@ -125,8 +125,7 @@ class _Connection(asyncio.Protocol):
         self.lost = self._loop.create_future()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def send(self, command: bytes, waiter: asyncio.Future[Any] | _Posted) -> None:
         if self.closed or self._transport is None:

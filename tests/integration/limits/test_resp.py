@@ -50,6 +50,21 @@ def test_urls() -> None:
             Address.from_url(bad)
 
 
+def test_under_uvloop(redis_server: RedisServer) -> None:
+    """The service runs on uvloop, whose transports differ from asyncio's."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> list[object]:
+        resp = client(redis_server.url)
+        try:
+            await resp.post("set", "SET", "uv:k", "1")
+            return [await resp.call("GET", "uv:k"), await resp.evalsha(ECHO, ["k"], ["v"]), resp.posted_failures]
+        finally:
+            await resp.close()
+
+    assert uvloop.run(scenario()) == [b"1", [b"k", b"v"], {}]
+
+
 async def test_pipelined_replies_reach_their_callers(resp: RespClient) -> None:
     replies = await asyncio.gather(*(resp.call("ECHO", str(i)) for i in range(500)))
     assert replies == [str(i).encode() for i in range(500)]
