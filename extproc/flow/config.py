@@ -24,33 +24,39 @@ class _Strict(BaseModel):
 
 class PriorityClass(_Strict):
     """One priority class. Higher `priority` is served first; `max_wait_s` bounds its time in the queue
-    (0: never queued, rejected at once while its pool is saturated)."""
+    (0: never queued, rejected at once while its pool is saturated); `reserve` is the fraction of every
+    endpoint's batch this class may not fill, kept free so higher classes start at once."""
 
     priority: int = Field(ge=0, le=1_000_000)
     max_wait_s: float = Field(default=10.0, ge=0.0, le=300.0)
+    reserve: float = Field(default=0.0, ge=0.0, lt=1.0)
     reject_status: Literal[429, 503] = Field(default=503, description="status when it cannot be served in time")
 
 
 def default_classes() -> dict[str, PriorityClass]:
     return {
         "critical": PriorityClass(priority=100, max_wait_s=30.0),
-        "standard": PriorityClass(priority=50, max_wait_s=10.0),
-        "sheddable": PriorityClass(priority=0, max_wait_s=0.0),
+        "standard": PriorityClass(priority=50, max_wait_s=10.0, reserve=0.1),
+        "sheddable": PriorityClass(priority=0, max_wait_s=0.0, reserve=0.2),
     }
 
 
 class SaturationConfig(_Strict):
     """When an endpoint counts as saturated; a pool is saturated when none of its usable endpoints has room.
 
-    An endpoint's queue is vLLM's `num_requests_waiting` from the last scrape plus the requests this
-    process sent it since that scrape (minus those that finished), so dispatch does not overshoot
-    between scrapes. Stale metrics (older than `stale_after_ms`, or never scraped) count as room:
-    flow control never stalls traffic on missing data.
+    Load = vLLM's running + waiting requests at the last scrape plus what this process sent it since
+    (minus what finished since), so dispatch does not overshoot between scrapes. Once an endpoint has
+    been seen full (requests waiting), its batch capacity is the number running at that moment, and a
+    class has room while load < capacity x (1 - its reserve); the capacity is re-learned after
+    `capacity_ttl_s`. Before that, room is `max_waiting` minus vLLM's queue. Stale metrics (older than
+    `stale_after_ms`, or never scraped) count as room: flow control never stalls traffic on missing data.
     """
 
-    max_waiting: float = Field(default=2.0, gt=0, description="vLLM queue per endpoint at which it is saturated")
+    max_waiting: float = Field(default=2.0, gt=0, description="vLLM queue per endpoint at which it is saturated "
+                                                               "while its batch capacity is unknown")
     max_kv_utilization: float = Field(default=0.95, gt=0, le=1.0, description="vllm:kv_cache_usage_perc, 0..1")
     stale_after_ms: int = Field(default=1000, ge=50)
+    capacity_ttl_s: float = Field(default=30.0, gt=0, description="how long a learned batch capacity is trusted")
 
 
 class FlowControlConfig(_Strict):

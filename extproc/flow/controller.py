@@ -90,10 +90,11 @@ class _Pool:
 
 
 class FlowController:
-    def __init__(self, config: FlowControlConfig, room: Callable[[str, float], Room],
+    def __init__(self, config: FlowControlConfig, room: Callable[[str, float, float], Room],
                  clock: Callable[[], float] = time.monotonic,
                  observe_wait: Callable[[str, float], None] | None = None) -> None:
-        """`room(pool, now)`: the pool's room from live endpoint state (see `flow.saturation`)."""
+        """`room(pool, now, reserve)`: the pool's room for a class keeping `reserve` of every batch free,
+        from live endpoint state (see `flow.saturation`)."""
         self.config = config
         self._room = room
         self._clock = clock
@@ -121,14 +122,15 @@ class FlowController:
         now = self._clock()
         if pool.queue:
             self._dispatch(pool_name, pool, now)
-        if not pool.queue:
-            room = self._room(pool_name, now)
-            if room.stale:
-                pool.stale_decisions += 1
-            pool.saturated = room.requests - pool.pending <= 0
-            if not pool.saturated:
-                pool.stats(klass).direct += 1
-                return GO
+        # Whatever is still queued had no room for its class; room for this one means nothing of a
+        # class with at most its reserve waits ahead of it.
+        room = self._room(pool_name, now, spec.reserve)
+        if room.stale:
+            pool.stale_decisions += 1
+        pool.saturated = room.requests - pool.pending <= 0
+        if not pool.saturated and not self._ahead(pool, spec.priority, spec.reserve):
+            pool.stats(klass).direct += 1
+            return GO
         if spec.max_wait_s <= 0:
             return self._rejected(pool, klass, "saturated", 0.0)
         if len(pool.queue) >= self.config.max_queued:
@@ -180,25 +182,48 @@ class FlowController:
             return len(pool.queue) if pool is not None else 0
         return sum(len(p.queue) for p in self._pools.values())
 
+    def _ahead(self, pool: _Pool, priority: int, reserve: float) -> bool:
+        """A queued request that must go before a new one of this class (same reserve, higher or equal
+        priority: it had no room and neither would this one)."""
+        classes = self.config.classes
+        return any(pool.queue.queued(name) and spec.priority >= priority and spec.reserve <= reserve
+                   for name, spec in classes.items())
+
     def _dispatch(self, pool_name: str, pool: _Pool, now: float) -> None:
-        room = self._room(pool_name, now).requests - pool.pending
-        while room > 0 and pool.queue:
-            waiter = pool.queue.pop(now)
-            if waiter is None:
+        """Grant queued requests in rank order while their class has room. A class without room does not
+        block the classes after it: one with a smaller reserve (a higher class) may still fit."""
+        rooms: dict[float, float] = {}
+        granted = True
+        while granted and pool.queue:
+            granted = False
+            for klass in pool.queue.ranked(now):
+                spec = self.config.classes.get(klass)
+                reserve = spec.reserve if spec is not None else 0.0
+                if reserve not in rooms:
+                    rooms[reserve] = self._room(pool_name, now, reserve).requests - pool.pending
+                if rooms[reserve] <= 0:
+                    continue
+                waiter = pool.queue.pop_class(klass)
+                if waiter is None:
+                    continue
+                self._grant(pool, waiter, now)
+                rooms = {r: left - 1 for r, left in rooms.items()}
+                granted = True
                 break
-            ticket = self._tickets.pop(id(waiter), None)
-            if ticket is None:
-                continue
-            waited = now - waiter.enqueued
-            stats = pool.stats(waiter.klass)
-            stats.granted += 1
-            stats.max_wait_s = max(stats.max_wait_s, waited)
-            if self._observe_wait is not None:
-                self._observe_wait(waiter.klass, waited)
-            pool.pending += 1
-            room -= 1
-            ticket.settle(None)
-        pool.saturated = room <= 0
+        pool.saturated = bool(pool.queue)
+
+    def _grant(self, pool: _Pool, waiter: Waiter, now: float) -> None:
+        ticket = self._tickets.pop(id(waiter), None)
+        if ticket is None:
+            return
+        waited = now - waiter.enqueued
+        stats = pool.stats(waiter.klass)
+        stats.granted += 1
+        stats.max_wait_s = max(stats.max_wait_s, waited)
+        if self._observe_wait is not None:
+            self._observe_wait(waiter.klass, waited)
+        pool.pending += 1
+        ticket.settle(None)
 
     def _expire(self, ticket: Ticket) -> None:
         pool = self._pools.get(ticket.pool)

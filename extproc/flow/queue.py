@@ -86,21 +86,28 @@ class FairQueue:
         entry.size += 1
         self._size += 1
 
-    def pop(self, now: float) -> Waiter | None:
-        """The next request to dispatch, or None when the queue is empty."""
-        chosen: _Class | None = None
-        best: tuple[float, float] | None = None
+    def ranked(self, now: float) -> list[str]:
+        """Classes with queued requests, in the order they are served: effective priority (priority +
+        aging of their oldest request), ties to the older oldest request."""
+        ranks: list[tuple[float, float, str]] = []
         for entry in self._classes.values():
             oldest = entry.oldest()
-            if oldest is None:
-                continue
-            rank = (entry.priority + self.aging_per_s * max(0.0, now - oldest.enqueued), -oldest.enqueued)
-            if best is None or rank > best:
-                chosen, best = entry, rank
-        if chosen is None:
+            if oldest is not None:
+                waited = max(0.0, now - oldest.enqueued)
+                ranks.append((-(entry.priority + self.aging_per_s * waited), oldest.enqueued, entry.name))
+        return [name for _, _, name in sorted(ranks)]
+
+    def pop(self, now: float) -> Waiter | None:
+        """The next request to dispatch, or None when the queue is empty."""
+        ranked = self.ranked(now)
+        return self.pop_class(ranked[0]) if ranked else None
+
+    def pop_class(self, klass: str) -> Waiter | None:
+        """The next request of `klass`: its least-served backlogged tenant's oldest."""
+        chosen = self._classes.get(klass)
+        if chosen is None or not chosen.size:
             return None
-        tenant = min((t for t, q in chosen.tenants.items() if q),
-                     key=lambda t: (chosen.counters.get(t, 0.0), chosen.tenants[t][0].enqueued))
+        tenant = min(chosen.tenants, key=lambda t: (chosen.counters.get(t, 0.0), chosen.tenants[t][0].enqueued))
         waiter = chosen.tenants[tenant].popleft()
         chosen.counters[tenant] = chosen.counters.get(tenant, 0.0) + waiter.tokens / waiter.weight
         self._forget(chosen, tenant, waiter)

@@ -1,10 +1,14 @@
-"""Saturation of a pool from live vLLM state: how many more requests it takes before it queues.
+"""Saturation of a pool from live vLLM state: how many more requests it takes before it is full.
 
-An endpoint has room for `max_waiting - queue` more requests, where `queue` is vLLM's
-num_requests_waiting at the last scrape plus what this process sent it since (minus what finished
-since): dispatch never overshoots between two scrapes. An endpoint whose KV cache is past
-`max_kv_utilization` has no room. An endpoint without fresh metrics (never scraped, or older than
-`stale_after_ms`) has unlimited room: missing data never stalls traffic; it is counted instead.
+An endpoint's load is vLLM's running + waiting requests at the last scrape plus what this process sent
+it since (minus what finished since), so dispatch never overshoots between two scrapes. Once the
+endpoint was seen full (requests waiting), its batch capacity is what ran at that moment, and a class
+with reserve r has room for `capacity x (1 - r) - load` more (the top class, r = 0, fills the batch;
+lower classes leave slots free so it starts at once). Without a learned capacity (never full, or
+older than `capacity_ttl_s`), room is `max_waiting - vLLM's queue`: letting a small queue form is how
+the capacity gets learned. A KV cache past `max_kv_utilization` has no room. An endpoint without fresh
+metrics (never scraped, or older than `stale_after_ms`) has unlimited room: missing data never stalls
+traffic; it is counted instead.
 """
 
 from __future__ import annotations
@@ -28,25 +32,31 @@ class Room:
     stale: int  # usable endpoints whose metrics were missing or stale
 
 
-def endpoint_room(endpoint: Endpoint, now: float, config: SaturationConfig) -> float | None:
-    """Room of one endpoint; None when its metrics are missing or stale."""
+def endpoint_room(endpoint: Endpoint, now: float, config: SaturationConfig, reserve: float = 0.0) -> float | None:
+    """Room of one endpoint for a class keeping `reserve` of the batch free; None when its metrics are
+    missing or stale."""
     metrics = endpoint.metrics
     if metrics is None or now - metrics.scraped_at > config.stale_after_ms / 1000.0:
         return None
     if metrics.kv_usage >= config.max_kv_utilization:
         return 0.0
-    queue = max(0.0, metrics.waiting + endpoint.in_flight - endpoint.in_flight_at_scrape)
+    sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
+    capacity = endpoint.batch_capacity
+    if capacity > 0 and now - endpoint.batch_capacity_at <= config.capacity_ttl_s:
+        load = metrics.running + metrics.waiting + sent_since
+        return max(0.0, capacity * (1.0 - reserve) - load)
+    queue = max(0.0, metrics.waiting + sent_since)
     return max(0.0, config.max_waiting - queue)
 
 
-def pool_room(endpoints: Sequence[Endpoint], now: float, config: SaturationConfig) -> Room:
+def pool_room(endpoints: Sequence[Endpoint], now: float, config: SaturationConfig, reserve: float = 0.0) -> Room:
     """Room of a pool's usable endpoints. No usable endpoint: unlimited (routing answers for that)."""
     if not endpoints:
         return Room(math.inf, 0)
     total = 0.0
     stale = 0
     for endpoint in endpoints:
-        room = endpoint_room(endpoint, now, config)
+        room = endpoint_room(endpoint, now, config, reserve)
         if room is None:
             stale += 1
         else:

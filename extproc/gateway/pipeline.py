@@ -17,7 +17,7 @@ from extproc.config import PoolConfig
 from extproc.endpoints import Endpoint, EndpointRegistry, Lease
 from extproc.endpoints.health import HealthConfig, HealthTracker
 from extproc.flow import GO, FlowController, Rejected, Ticket, pool_room
-from extproc.flow.saturation import Room
+from extproc.flow.saturation import Room, endpoint_room
 from extproc.gateway.admission import (
     Admission,
     admit_request,
@@ -126,11 +126,21 @@ class Gateway:
                                    lambda klass, seconds: metrics.flow_wait_seconds.labels(klass).observe(seconds))
         self.sync_endpoints()
 
-    def pool_room(self, pool_name: str, now: float) -> Room:
-        """How many more requests `pool_name`'s usable endpoints take before it is saturated."""
+    def pool_room(self, pool_name: str, now: float, reserve: float = 0.0) -> Room:
+        """How many more requests of a class keeping `reserve` free `pool_name`'s usable endpoints take."""
         pool = self._snapshots.current.by_name.get(pool_name)
         endpoints = self._usable(pool, now) if pool is not None else []
-        return pool_room(endpoints, now, self._snapshots.current.policy.flow_control.saturation)
+        return pool_room(endpoints, now, self._snapshots.current.policy.flow_control.saturation, reserve)
+
+    def _with_room(self, exchange: Exchange, candidates: list[Endpoint], now: float) -> list[Endpoint]:
+        """The candidates with room for the request's class (all of them if none has room)."""
+        flow = exchange.snapshot.policy.flow_control
+        spec = flow.classes.get(exchange.klass)
+        if spec is None:
+            return candidates
+        kept = [e for e in candidates if (room := endpoint_room(e, now, flow.saturation, spec.reserve)) is None
+                or room > 0]
+        return kept or candidates
 
     def sync_endpoints(self) -> None:
         pools = self._snapshots.current.policy.pools
@@ -319,6 +329,8 @@ class Gateway:
         request, pool = self._resolve(exchange, body)
         now = self._clock()
         candidates = self._usable(pool, now)
+        if exchange.klass and len(candidates) > 1:
+            candidates = self._with_room(exchange, candidates, now)
         if not candidates and pool.backup_pool is not None:
             # No healthy endpoint: the backup pool serves (the body names its model).
             backup = exchange.snapshot.by_name[pool.backup_pool]

@@ -284,3 +284,19 @@ def test_is_fresh() -> None:
     ep.metrics = EndpointMetrics(scraped_at=9.0)
     assert is_fresh(ep, 10.0, 1.0)
     assert not is_fresh(ep, 10.5, 1.0)
+
+
+async def test_learns_batch_capacity_when_requests_wait_and_notifies(servers: list[FakeVllm]) -> None:
+    first, second, _ = servers
+    second.body = PAGE.replace('waiting{model_name="m"} 1.0', 'waiting{model_name="m"} 0.0')
+    registry = registry_of(first.address, second.address)
+    seen: list[int] = []
+    scraper = MetricsScraper(registry, CONFIG, clock=lambda: 50.0)
+    scraper.on_scrape = lambda: seen.append(1)
+    async with scraper:
+        await eventually(lambda: all(ep.metrics is not None for ep in registry.endpoints()))
+        full, idle = endpoint(registry, first.address), endpoint(registry, second.address)
+        # Requests waiting: the 3 running are what fits now. Nothing waiting: capacity stays unknown.
+        assert (full.batch_capacity, full.batch_capacity_at) == (3.0, 50.0)
+        assert idle.batch_capacity == 0.0
+        assert len(seen) >= 2

@@ -9,26 +9,29 @@ from extproc.flow import GO, FlowControlConfig, FlowController, PriorityClass, R
 
 
 class Fleet:
-    """A pool whose room the test sets; routed requests use it up like the endpoints' in-flight would."""
+    """A pool whose room (for the top class) the test sets; a class keeping `reserve` of the batch free
+    sees `reserve x BATCH` less of it, as with one endpoint of BATCH slots."""
+
+    BATCH = 10
 
     def __init__(self, room: float = 0.0) -> None:
         self.room = room
         self.now = 100.0
 
-    def __call__(self, pool: str, now: float) -> Room:
-        return Room(self.room, 0)
+    def __call__(self, pool: str, now: float, reserve: float) -> Room:
+        return Room(self.room - reserve * self.BATCH, 0)
 
 
 def controller(fleet: Fleet, **overrides: object) -> FlowController:
     classes = {"critical": PriorityClass(priority=100, max_wait_s=5.0),
-               "standard": PriorityClass(priority=50, max_wait_s=0.2, reject_status=429),
+               "standard": PriorityClass(priority=50, max_wait_s=0.2, reject_status=429, reserve=0.2),
                "sheddable": PriorityClass(priority=0, max_wait_s=0.0)}
     config = FlowControlConfig.model_validate({"classes": classes, **overrides})
     return FlowController(config, fleet, clock=lambda: fleet.now)
 
 
 async def test_room_means_go_and_no_room_sheds_sheddable_at_once() -> None:
-    fleet = Fleet(room=2)
+    fleet = Fleet(room=4)
     flow = controller(fleet)
     assert flow.offer("p", "t", "standard", 10) == GO
     fleet.room = 0
@@ -48,6 +51,7 @@ async def test_queued_requests_are_granted_in_priority_order_as_room_appears() -
     flow.kick("p")
     assert crit.granted and not std.granted
     # The grant counts against the room until the request is routed: no second grant yet.
+    fleet.room = 3
     flow.kick("p")
     assert not std.granted
     flow.routed(crit)
@@ -121,3 +125,18 @@ async def test_unknown_room_never_queues() -> None:
     fleet = Fleet(room=math.inf)
     flow = controller(fleet)
     assert all(flow.offer("p", "t", "standard", 10) == GO for _ in range(100))
+
+
+async def test_reserved_slots_let_a_higher_class_start_while_a_lower_one_waits() -> None:
+    fleet = Fleet(room=1)  # one slot left: inside the standard class's reserve (2 of 10)
+    flow = controller(fleet, aging_per_s=1000.0)
+    std = flow.offer("p", "a", "standard", 10)
+    assert isinstance(std, Ticket)
+    fleet.now += 1.0  # aged far past critical's priority, and still no room for its class
+    assert flow.offer("p", "b", "critical", 10) == GO
+    fleet.room = 0  # it was routed: the slot is taken
+    crit = flow.offer("p", "c", "critical", 10)
+    assert isinstance(crit, Ticket)
+    fleet.room = 1
+    flow.kick("p")  # ranked first, the aged standard request still has no room; critical fits
+    assert crit.granted and not std.granted

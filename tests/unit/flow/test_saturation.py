@@ -37,3 +37,16 @@ def test_stale_or_missing_metrics_never_stall() -> None:
     room = pool_room([stale, endpoint(waiting=9), never], 10.5, CONFIG)
     assert math.isinf(room.requests) and room.stale == 2
     assert math.isinf(pool_room([], 10.5, CONFIG).requests)
+
+
+def test_learned_batch_capacity_leaves_the_reserve_free_for_higher_classes() -> None:
+    ep = endpoint(waiting=0, in_flight=1, at_scrape=0)
+    ep.metrics = EndpointMetrics(scraped_at=10.0, running=12, waiting=0, kv_usage=0.5)
+    ep.batch_capacity, ep.batch_capacity_at = 16, 5.0
+    # Load 12 running + 1 sent since the scrape: 3 more for the top class, 16 x 0.9 - 13 for a 10% reserve.
+    assert pool_room([ep], 10.5, CONFIG).requests == 3
+    assert pool_room([ep], 10.5, CONFIG, reserve=0.1).requests == 16 * 0.9 - 13
+    assert pool_room([ep], 10.5, CONFIG, reserve=0.25).requests == 0
+    # A capacity learned too long ago is not trusted: back to the queue rule (max_waiting 2 - 1 sent).
+    assert pool_room([ep], 40.0, SaturationConfig(max_waiting=2, stale_after_ms=60_000,
+                                                  capacity_ttl_s=30)).requests == 1
