@@ -10,8 +10,10 @@ service's one core. Here a call is: pack the command (`hiredis.pack_command`, C)
 - `call` waits for the reply (bounded by `timeout_s`); an error reply, a lost connection, a timeout
   or a failed connect raise `StoreUnavailable`. A caller that times out or is cancelled abandons its
   future, which stays in the FIFO and takes its reply when it comes: the FIFO never desynchronises.
-- `post` writes a command and returns at once; its reply is checked when it arrives, and an error
-  reply (or the connection dying first) is counted in `posted_failures` and reported to `on_posted_failure`.
+- `post` queues a command and returns at once; posted commands are written together at the end of
+  the event loop iteration (or with the next `call`, ahead of it), their replies checked when they
+  arrive: an error reply (or the connection dying first) is counted in `posted_failures` and
+  reported to `on_posted_failure`.
 - `evalsha` / `post_evalsha` run a `Script` by SHA and, on NOSCRIPT (script cache flushed, Redis
   restarted), run it again with EVAL, which also caches it.
 - Connect: `redis://[user:password@]host[:port][/db]` or `rediss://` (TLS, with optional CA file and
@@ -120,6 +122,8 @@ class _Connection(asyncio.Protocol):
         self._on_posted_failure = on_posted_failure
         self._resend = resend
         self.pending: deque[asyncio.Future[Any] | _Posted] = deque()
+        self._unsent: list[bytes] = []  # posted commands waiting for the next write
+        self._flush_scheduled = False
         self.waiting_since = 0.0  # loop time since when the oldest pending call has had no reply
         self.closed = False
         self.lost = self._loop.create_future()
@@ -128,12 +132,36 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
     def send(self, command: bytes, waiter: asyncio.Future[Any] | _Posted) -> None:
+        """Write `command` now (after any posted commands not written yet)."""
+        transport = self._enqueue(waiter)
+        if self._unsent:
+            self._unsent.append(command)
+            self._flush()
+        else:
+            transport.write(command)
+
+    def post(self, command: bytes, posted: _Posted) -> None:
+        """Write `command` with the next write, at the latest at the end of this event loop iteration:
+        posts made together (an access log batch settling many requests) share one system call."""
+        self._enqueue(posted)
+        self._unsent.append(command)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _enqueue(self, waiter: asyncio.Future[Any] | _Posted) -> asyncio.Transport:
         if self.closed or self._transport is None:
             raise StoreUnavailable("redis: connection closed")
         if not self.pending:
             self.waiting_since = self._loop.time()
         self.pending.append(waiter)
-        self._transport.write(command)
+        return self._transport
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._unsent and not self.closed and self._transport is not None:
+            self._transport.write(b"".join(self._unsent))
+        self._unsent.clear()
 
     def data_received(self, data: bytes) -> None:
         reader, pending = self._reader, self.pending
@@ -168,6 +196,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail_pending(self, reason: str) -> None:
         self.closed = True
+        self._unsent.clear()
         if not self.lost.done():
             self.lost.set_result(None)
         while self.pending:
@@ -211,13 +240,13 @@ class RespClient:
     async def post(self, op: str, *args: Arg) -> None:
         """Write one command without waiting for its reply (see the module docstring)."""
         conn = await self._ready()
-        conn.send(_pack(args), (op, None))
+        conn.post(_pack(args), (op, None))
 
     async def post_evalsha(self, op: str, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> None:
         """`post` of a script: on NOSCRIPT it is sent again with EVAL."""
         conn = await self._ready()
         retry = _pack(("EVAL", script.body, len(keys), *keys, *args))
-        conn.send(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)), (op, retry))
+        conn.post(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)), (op, retry))
 
     async def connect(self) -> None:
         """Connect now (if not connected), bounded by the connect timeout rather than `timeout_s`."""
