@@ -259,8 +259,9 @@ class FailoverStore:
         charges = [WindowCharge(key, window_s, index, tokens) for (key, window_s, index), tokens in owed.items()
                    if tokens and index >= window_index(now, window_s) - 1]
         try:
-            async with asyncio.timeout(self._cleanup_deadline_s):
-                await charger.charge(charges, now)
+            if charges:
+                async with asyncio.timeout(self._cleanup_deadline_s):
+                    await charger.charge(charges, now)
         except (StoreUnavailable, TimeoutError) as exc:
             self._failed("charge", exc)
             for charge in charges:
@@ -295,3 +296,4 @@ class FailoverStore:
         self._next_sweep = now + _SWEEP_INTERVAL_S
         self._on_fallback = {rid: until for rid, until in self._on_fallback.items() if until > now}
         self.reports.sweep(wall)
+        self._owed = {slot: tokens for slot, tokens in self._owed.items() if slot[2] >= window_index(wall, slot[1]) - 1}

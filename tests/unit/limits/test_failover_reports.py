@@ -56,10 +56,20 @@ class FlakyPrimary:
         return None
 
 
-def make(share: float = 1 / 3) -> tuple[FailoverStore, FlakyPrimary, MemoryStore]:
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(share: float = 1 / 3, clock: Clock | None = None) -> tuple[FailoverStore, FlakyPrimary, MemoryStore]:
     primary, fallback = FlakyPrimary(), MemoryStore()
     # probe_backoff_s=0: every admission asks the primary, so switching it up/down is immediate
-    return FailoverStore(primary, fallback, "fail-open", fallback_share=share, probe_backoff_s=0.0), primary, fallback
+    store = FailoverStore(primary, fallback, "fail-open", fallback_share=share, probe_backoff_s=0.0,
+                          clock=clock or Clock())
+    return store, primary, fallback
 
 
 def req(rid: str, at: float, tokens: int, budget: TokenBudget = TPM) -> AdmitRequest:
@@ -169,7 +179,7 @@ async def test_owed_tokens_of_windows_that_no_longer_count_are_dropped() -> None
     primary.down = False
     assert (await store.admit(req("b", T0 + 125, 1))).admitted  # two windows later
     await store.replayed()
-    assert primary.charges == [[]] and store.owed_tokens == 0
+    assert primary.charges == [] and store.owed_tokens == 0
 
 
 def test_reports_ignore_results_without_budget_states_and_forget_old_windows() -> None:
@@ -190,3 +200,14 @@ async def test_record_failure_marks_the_primary_down() -> None:
     store, _, _ = make()
     store.record_failure("release", "WRONGTYPE")
     assert not store.primary_up and store.failures_total == 1
+
+
+async def test_owed_tokens_are_forgotten_when_their_window_no_longer_counts_even_while_down() -> None:
+    clock = Clock()
+    store, primary, _ = make(share=1.0, clock=clock)
+    primary.down = True
+    assert (await store.admit(req("a", T0 + 1, 100))).admitted
+    assert store.owed_tokens == 100
+    clock.now += 125.0  # the sweep runs every 10 s
+    assert (await store.admit(req("b", T0 + 125, 1))).admitted  # two windows later: the sweep drops a's
+    assert store.owed_tokens == 1
