@@ -12,9 +12,9 @@ TTFT SLO (`--slo-ttft`) and the fair share is the max-min fair split of the clas
 tenants' demands (water-filling): a light tenant that got all it asked for and heavy tenants that
 split the rest equally score 1.0.
 
-Each point starts with `--warmup` seconds at 1.1x capacity, not measured: a running gateway has
-seen its engines full before (that is how flow control learns their batch capacity), and the
-baselines start with the same small backlog.
+Each point starts with `--warmup` seconds at 1.5x capacity, not measured, and waits until every
+warm-up request has finished: a running gateway has seen its engines full before (that is how flow
+control learns their batch capacity), and every strategy starts from an idle fleet.
 
 Capacity is computed from the simulator's timing model (see `capacity_rps`), not measured: every
 replica runs `max_num_seqs` sequences at the full-batch inter-token latency.
@@ -50,7 +50,7 @@ DEFAULT_LOADS = "0.7,2"
 MODEL = "llama-3.1-8b-instruct"
 PROMPT_CHARS = 400  # ~100 tokens
 MAX_TOKENS = 128
-WARMUP_LOAD = 1.1
+WARMUP_LOAD = 1.5
 
 
 @dataclass(frozen=True)
@@ -155,6 +155,10 @@ def class_rows(samples: Sequence[Sample], slo_s: float) -> dict[str, dict[str, A
             "ttft_p50_ms": _ms(ttft["p50"]), "ttft_p99_ms": _ms(ttft["p99"]),
             "within_slo": sum(1 for s in served if _good(s, slo_s)),
             "max_reject_s": round(max((s.e2e_s for s in rejected), default=0.0), 3),
+            # When in the run, and where, the slowest first tokens came: a tail has a cause.
+            "slowest": [{"at_s": round(s.start_s, 2), "ttft_ms": _ms(s.ttft_s),
+                         "endpoint": s.headers.get("x-gateway-upstream-host", "-")}
+                        for s in sorted(served, key=lambda s: -(s.ttft_s or 0.0))[:3]],
         }
     return rows
 

@@ -47,8 +47,9 @@ class SaturationConfig(_Strict):
     Load = vLLM's running + waiting requests at the last scrape plus what this process sent it since
     (minus what finished since), so dispatch does not overshoot between scrapes. Once an endpoint has
     been seen full (requests waiting), its batch capacity is the number running at that moment, and a
-    class has room while load < capacity x (1 - its reserve); the capacity is re-learned after
-    `capacity_ttl_s`. Before that, room is `max_waiting` minus vLLM's queue. Stale metrics (older than
+    class has room while load < capacity x (1 - its reserve); the estimate grows by one slot every
+    `capacity_ttl_s` until the engine is seen full again. Before that, room is `max_waiting` minus
+    vLLM's queue. Stale metrics (older than
     `stale_after_ms`, or never scraped) count as room: flow control never stalls traffic on missing data.
     """
 
@@ -56,7 +57,8 @@ class SaturationConfig(_Strict):
                                                                "while its batch capacity is unknown")
     max_kv_utilization: float = Field(default=0.95, gt=0, le=1.0, description="vllm:kv_cache_usage_perc, 0..1")
     stale_after_ms: int = Field(default=1000, ge=50)
-    capacity_ttl_s: float = Field(default=30.0, gt=0, description="how long a learned batch capacity is trusted")
+    capacity_ttl_s: float = Field(default=30.0, gt=0, description="a learned batch capacity grows by one slot per "
+                                                                   "this many seconds without the engine being full")
 
 
 class FlowControlConfig(_Strict):

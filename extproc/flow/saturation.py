@@ -4,9 +4,10 @@ An endpoint's load is vLLM's running + waiting requests at the last scrape plus 
 it since (minus what finished since), so dispatch never overshoots between two scrapes. Once the
 endpoint was seen full (requests waiting), its batch capacity is what ran at that moment, and a class
 with reserve r has room for `capacity x (1 - r) - load` more (the top class, r = 0, fills the batch;
-lower classes leave slots free so it starts at once). Without a learned capacity (never full, or
-older than `capacity_ttl_s`), room is `max_waiting - vLLM's queue`: letting a small queue form is how
-the capacity gets learned. A KV cache past `max_kv_utilization` has no room. An endpoint without fresh
+lower classes leave slots free so it starts at once). The estimate grows by one slot per
+`capacity_ttl_s` without the engine being seen full again, so a capacity that grew (freed KV cache)
+is found; the next time requests wait it resets to what runs then. Without a learned capacity (never
+seen full), room is `max_waiting - vLLM's queue`: letting a small queue form is how it is learned. A KV cache past `max_kv_utilization` has no room. An endpoint without fresh
 metrics (never scraped, or older than `stale_after_ms`) has unlimited room: missing data never stalls
 traffic; it is counted instead.
 """
@@ -42,7 +43,10 @@ def endpoint_room(endpoint: Endpoint, now: float, config: SaturationConfig, rese
         return 0.0
     sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
     capacity = endpoint.batch_capacity
-    if capacity > 0 and now - endpoint.batch_capacity_at <= config.capacity_ttl_s:
+    if capacity > 0:
+        # Probe upwards: one more slot per capacity_ttl_s without the engine being seen full again
+        # (a full engine resets the estimate to what runs then).
+        capacity += math.floor(max(0.0, now - endpoint.batch_capacity_at) / config.capacity_ttl_s)
         load = metrics.running + metrics.waiting + sent_since
         return max(0.0, capacity * (1.0 - reserve) - load)
     queue = max(0.0, metrics.waiting + sent_since)

@@ -47,6 +47,6 @@ def test_learned_batch_capacity_leaves_the_reserve_free_for_higher_classes() -> 
     assert pool_room([ep], 10.5, CONFIG).requests == 3
     assert pool_room([ep], 10.5, CONFIG, reserve=0.1).requests == 16 * 0.9 - 13
     assert pool_room([ep], 10.5, CONFIG, reserve=0.25).requests == 0
-    # A capacity learned too long ago is not trusted: back to the queue rule (max_waiting 2 - 1 sent).
-    assert pool_room([ep], 40.0, SaturationConfig(max_waiting=2, stale_after_ms=60_000,
-                                                  capacity_ttl_s=30)).requests == 1
+    # Not seen full for 2 x capacity_ttl_s: the estimate probes two slots higher.
+    ep.batch_capacity_at = -50.0
+    assert pool_room([ep], 10.5, SaturationConfig(capacity_ttl_s=30)).requests == 3 + 2
