@@ -44,6 +44,7 @@ class Endpoint:
     # Requests running the last time the engine was seen full (some waiting), and when (scrape clock).
     batch_capacity: float = 0.0
     batch_capacity_at: float = 0.0
+    batch_capacity_kv: float = 0.0  # KV cache use at that moment
 
 
 @dataclass(slots=True)

@@ -182,6 +182,7 @@ class MetricsScraper:
         endpoint.in_flight_at_scrape = in_flight
         if metrics.waiting > 0 and metrics.running > 0:  # full: what runs now is what fits now
             endpoint.batch_capacity, endpoint.batch_capacity_at = metrics.running, metrics.scraped_at
+            endpoint.batch_capacity_kv = metrics.kv_usage
         endpoint.scrape_failures = 0
         if self.on_scrape is not None:
             self.on_scrape()

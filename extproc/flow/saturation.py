@@ -4,12 +4,14 @@ An endpoint's load is vLLM's running + waiting requests at the last scrape plus 
 it since (minus what finished since), so dispatch never overshoots between two scrapes. Once the
 endpoint was seen full (requests waiting), its batch capacity is what ran at that moment, and a class
 with reserve r has room for `capacity x (1 - r) - load` more (the top class, r = 0, fills the batch;
-lower classes leave slots free so it starts at once). The estimate grows by one slot per
-`capacity_ttl_s` without the engine being seen full again, so a capacity that grew (freed KV cache)
-is found; the next time requests wait it resets to what runs then. Without a learned capacity (never
-seen full), room is `max_waiting - vLLM's queue`: letting a small queue form is how it is learned. A KV cache past `max_kv_utilization` has no room. An endpoint without fresh
-metrics (never scraped, or older than `stale_after_ms`) has unlimited room: missing data never stalls
-traffic; it is counted instead.
+lower classes leave slots free so it starts at once). When the batch was limited by the KV cache
+(half full or more when seen full), the estimate grows by one slot per `capacity_ttl_s` without the
+engine being seen full again, so a capacity that grew is found; the next time requests wait it resets
+to what runs then. A batch limited by max_num_seqs is fixed. The load is never taken below what this
+process alone has in flight on the endpoint. Without a learned capacity (never seen full), room is
+`max_waiting - vLLM's queue`: letting a small queue form is how it is learned. A KV cache past
+`max_kv_utilization` has no room. An endpoint without fresh metrics (never scraped, or older than
+`stale_after_ms`) has unlimited room: missing data never stalls traffic; it is counted instead.
 """
 
 from __future__ import annotations
@@ -24,7 +26,11 @@ from extproc.flow.config import SaturationConfig
 if TYPE_CHECKING:  # extproc.endpoints imports the config schema, which mounts flow.config
     from extproc.endpoints import Endpoint
 
-__all__ = ["Room", "pool_room"]
+__all__ = ["KV_LIMITED", "Room", "endpoint_room", "pool_room"]
+
+# KV cache use at the moment an engine was seen full above which its batch was limited by memory
+# (and so may grow again), not by max_num_seqs.
+KV_LIMITED = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,10 +50,13 @@ def endpoint_room(endpoint: Endpoint, now: float, config: SaturationConfig, rese
     sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
     capacity = endpoint.batch_capacity
     if capacity > 0:
-        # Probe upwards: one more slot per capacity_ttl_s without the engine being seen full again
-        # (a full engine resets the estimate to what runs then).
-        capacity += math.floor(max(0.0, now - endpoint.batch_capacity_at) / config.capacity_ttl_s)
-        load = metrics.running + metrics.waiting + sent_since
+        if endpoint.batch_capacity_kv >= KV_LIMITED:
+            # The KV cache, not max_num_seqs, limited the batch: probe one more slot per
+            # capacity_ttl_s (a full engine resets the estimate to what runs then).
+            capacity += math.floor(max(0.0, now - endpoint.batch_capacity_at) / config.capacity_ttl_s)
+        # What this process alone has in flight there is a floor on the load: it covers requests that
+        # finished inside vLLM but whose streams are still closing (counted twice otherwise).
+        load = max(metrics.running + metrics.waiting + sent_since, endpoint.in_flight)
         return max(0.0, capacity * (1.0 - reserve) - load)
     queue = max(0.0, metrics.waiting + sent_since)
     return max(0.0, config.max_waiting - queue)

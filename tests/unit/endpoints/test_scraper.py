@@ -297,6 +297,6 @@ async def test_learns_batch_capacity_when_requests_wait_and_notifies(servers: li
         await eventually(lambda: all(ep.metrics is not None for ep in registry.endpoints()))
         full, idle = endpoint(registry, first.address), endpoint(registry, second.address)
         # Requests waiting: the 3 running are what fits now. Nothing waiting: capacity stays unknown.
-        assert (full.batch_capacity, full.batch_capacity_at) == (3.0, 50.0)
+        assert (full.batch_capacity, full.batch_capacity_at, full.batch_capacity_kv) == (3.0, 50.0, 0.5)
         assert idle.batch_capacity == 0.0
         assert len(seen) >= 2

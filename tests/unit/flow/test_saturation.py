@@ -47,6 +47,17 @@ def test_learned_batch_capacity_leaves_the_reserve_free_for_higher_classes() -> 
     assert pool_room([ep], 10.5, CONFIG).requests == 3
     assert pool_room([ep], 10.5, CONFIG, reserve=0.1).requests == 16 * 0.9 - 13
     assert pool_room([ep], 10.5, CONFIG, reserve=0.25).requests == 0
-    # Not seen full for 2 x capacity_ttl_s: the estimate probes two slots higher.
+    # Limited by max_num_seqs (KV cache mostly free when seen full): the capacity is what it is.
     ep.batch_capacity_at = -50.0
+    assert pool_room([ep], 10.5, SaturationConfig(capacity_ttl_s=30)).requests == 3
+    # Limited by the KV cache: not seen full for 2 x capacity_ttl_s, it probes two slots higher.
+    ep.batch_capacity_kv = 0.9
     assert pool_room([ep], 10.5, SaturationConfig(capacity_ttl_s=30)).requests == 3 + 2
+
+
+def test_load_is_never_below_what_this_process_has_in_flight() -> None:
+    # vLLM already finished 3 of ours whose streams are still closing, and the scrape saw them gone.
+    ep = endpoint(in_flight=10, at_scrape=10)
+    ep.metrics = EndpointMetrics(scraped_at=10.0, running=7, waiting=0, kv_usage=0.1)
+    ep.batch_capacity, ep.batch_capacity_at = 12, 9.0
+    assert pool_room([ep], 10.5, CONFIG).requests == 12 - 10
