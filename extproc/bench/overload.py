@@ -7,10 +7,11 @@ p50/p99 of served requests, rejections, longest time to a rejection; per point: 
 requests whose TTFT met the SLO), Jain's fairness index over the standard class's equal-weight
 tenants, and the longest queue wait per class the service saw (/debug/flow).
 
-Jain's index is taken over goodput / fair share, where goodput counts requests served within the
-TTFT SLO (`--slo-ttft`) and the fair share is the max-min fair split of the class's goodput among its
-tenants' demands (water-filling): a light tenant that got all it asked for and heavy tenants that
-split the rest equally score 1.0.
+Jain's index is taken over service / fair share, where service counts a tenant's requests whose first
+token came during the measured run (a backlog served afterwards is not service received), and the
+fair share is the max-min fair split of the class's service among its tenants' demands
+(water-filling): a light tenant that got all it asked for and heavy tenants that split the rest
+equally score 1.0.
 
 Each point starts with `--warmup` seconds at 1.5x capacity, not measured, and waits until every
 warm-up request has finished: a running gateway has seen its engines full before (that is how flow
@@ -167,11 +168,18 @@ def _good(sample: Sample, slo_s: float) -> bool:
     return sample.error is None and sample.ttft_s is not None and sample.ttft_s <= slo_s
 
 
-def fairness(samples: Sequence[Sample], slo_s: float, klass: str = "standard") -> dict[str, Any]:
-    """Jain's index over the class's tenants of goodput (served within the TTFT SLO) / max-min fair share."""
+def _served_within(sample: Sample, window_s: float) -> bool:
+    return sample.error is None and sample.ttft_s is not None and sample.start_s + sample.ttft_s <= window_s
+
+
+def fairness(samples: Sequence[Sample], window_s: float, klass: str = "standard") -> dict[str, Any]:
+    """Jain's index over the class's tenants of service received during the run (requests whose first
+    token came within `window_s` of its start) / max-min fair share of it. A backlog that is served
+    after the run (first come, first served into an unbounded queue) does not count as service."""
     tenants = sorted({d.tenant for d in MIX if d.klass == klass})
     offered = {t: sum(1 for s in samples if s.labels.get("tenant") == t) for t in tenants}
-    served = {t: sum(1 for s in samples if s.labels.get("tenant") == t and _good(s, slo_s)) for t in tenants}
+    served = {t: sum(1 for s in samples if s.labels.get("tenant") == t and _served_within(s, window_s))
+              for t in tenants}
     fair = max_min_shares({t: float(offered[t]) for t in tenants}, float(sum(served.values())))
     normalised = [served[t] / fair[t] for t in tenants if fair.get(t)]
     index = jain(normalised)
@@ -228,7 +236,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
     max_wait = {k: v.get("max_wait_s") for k, v in flow.get("classes", {}).items()}
     return {
         "strategy": strategy, "load": load, "rate_rps": round(rate, 2), "wall_s": round(wall, 1),
-        "classes": classes, "fairness": fairness(samples, args.slo_ttft),
+        "classes": classes, "fairness": fairness(samples, args.duration),
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": max_wait, "flow": flow,

@@ -3,7 +3,7 @@
 An endpoint's load is vLLM's running + waiting requests at the last scrape plus what this process sent
 it since (minus what finished since), so dispatch never overshoots between two scrapes. Once the
 endpoint was seen full (requests waiting), its batch capacity is what ran at that moment, and a class
-with reserve r has room for `capacity x (1 - r) - load` more (the top class, r = 0, fills the batch;
+with reserve r has room for `floor(capacity x (1 - r)) - load` more (the top class, r = 0, fills the batch;
 lower classes leave slots free so it starts at once). When the batch was limited by the KV cache
 (half full or more when seen full), the estimate grows by one slot per `capacity_ttl_s` without the
 engine being seen full again, so a capacity that grew is found; the next time requests wait it resets
@@ -57,7 +57,7 @@ def endpoint_room(endpoint: Endpoint, now: float, config: SaturationConfig, rese
         # What this process alone has in flight there is a floor on the load: it covers requests that
         # finished inside vLLM but whose streams are still closing (counted twice otherwise).
         load = max(metrics.running + metrics.waiting + sent_since, endpoint.in_flight)
-        return max(0.0, capacity * (1.0 - reserve) - load)
+        return max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - load)
     queue = max(0.0, metrics.waiting + sent_since)
     return max(0.0, config.max_waiting - queue)
 

@@ -41,12 +41,12 @@ def test_fairness_scores_served_against_the_fair_share() -> None:
     # std-3 and std-4 asked for more; each got the same 20 served: perfectly fair.
     samples += [_sample(200 + i, "std-3", "standard", 200 if i < 20 else 503) for i in range(40)]
     samples += [_sample(300 + i, "std-4", "standard", 200 if i < 20 else 503) for i in range(80)]
-    assert overload.fairness(samples, 2.0)["jain"] == pytest.approx(1.0)
+    assert overload.fairness(samples, 30.0)["jain"] == pytest.approx(1.0)
     # Served in proportion to demand instead (first come, first served): unfair.
     unfair = [s for s in samples if s.labels["tenant"] in ("std-1", "std-2")]
     unfair += [_sample(400 + i, "std-3", "standard", 200 if i < 13 else 503) for i in range(40)]
     unfair += [_sample(500 + i, "std-4", "standard", 200 if i < 27 else 503) for i in range(80)]
-    assert overload.fairness(unfair, 2.0)["jain"] < 0.95
+    assert overload.fairness(unfair, 30.0)["jain"] < 0.95
 
 
 def test_class_rows_count_rejections_and_slo() -> None:
@@ -66,3 +66,9 @@ def test_specs_follow_the_mix_and_carry_tenant_headers() -> None:
     assert headers["x-tenant-tier"] in {"gold", "standard", "batch"} and "x-bench-pool" in headers
     assert json.loads(specs[0].body)["stream"] is True
     assert spec(7).body == overload._spec_factory(0, envoy_only=True)(7).body
+
+
+def test_service_after_the_run_does_not_count() -> None:
+    late = [Sample(i, {"tenant": "std-1", "class": "standard"}, 29.0, 0.0, status=200, ttft_s=5.0, e2e_s=6.0)
+            for i in range(5)]
+    assert overload.fairness(late, 30.0)["served"]["std-1"] == 0

@@ -43,9 +43,10 @@ def test_learned_batch_capacity_leaves_the_reserve_free_for_higher_classes() -> 
     ep = endpoint(waiting=0, in_flight=1, at_scrape=0)
     ep.metrics = EndpointMetrics(scraped_at=10.0, running=12, waiting=0, kv_usage=0.5)
     ep.batch_capacity, ep.batch_capacity_at = 16, 5.0
-    # Load 12 running + 1 sent since the scrape: 3 more for the top class, 16 x 0.9 - 13 for a 10% reserve.
+    # Load 12 running + 1 sent since the scrape: 3 more for the top class, floor(16 x 0.9) - 13 = 1
+    # for a 10% reserve (two slots stay free).
     assert pool_room([ep], 10.5, CONFIG).requests == 3
-    assert pool_room([ep], 10.5, CONFIG, reserve=0.1).requests == 16 * 0.9 - 13
+    assert pool_room([ep], 10.5, CONFIG, reserve=0.1).requests == 1
     assert pool_room([ep], 10.5, CONFIG, reserve=0.25).requests == 0
     # Limited by max_num_seqs (KV cache mostly free when seen full): the capacity is what it is.
     ep.batch_capacity_at = -50.0
