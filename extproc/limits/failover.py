@@ -1,6 +1,8 @@
 """`FailoverStore`: a shared primary store (Redis) with a policy for when it is down or slow.
 
-Each admission waits at most `deadline_ms` for the primary. On `StoreUnavailable` or that deadline:
+Each admission waits at most `deadline_ms` for the primary (None: the primary bounds its admissions
+itself, as `RedisStore(admit_timeout_ms=...)` does on the reply, so that a reply read in the loop
+iteration where the deadline passes is not thrown away). On `StoreUnavailable` or that deadline:
   - "fail-open": the fallback store (a per-replica `MemoryStore`) decides. Limits travel in each
     request, so the fallback sees them scaled by `fallback_share` (the caller passes 1 / replicas):
     rates and burst, concurrency and budgets are multiplied (rounded up, at least 1), so the fleet
@@ -128,7 +130,7 @@ class Reports:
 
 
 class FailoverStore:
-    def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, deadline_ms: float = 5.0,
+    def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, deadline_ms: float | None = 5.0,
                  retry_after_s: float = 1.0, *, fallback_share: float = 1.0, probe_backoff_s: float = 1.0,
                  cleanup_deadline_ms: float = 50.0, clock: Callable[[], float] = time.monotonic,
                  logger: logging.Logger | None = None) -> None:
@@ -142,7 +144,7 @@ class FailoverStore:
         self.degraded_admits_total = 0  # admissions decided by the policy instead of the primary
         self._primary = primary
         self._fallback = fallback
-        self._deadline_s = deadline_ms / 1000.0
+        self._deadline_s = deadline_ms / 1000.0 if deadline_ms is not None else None
         self._cleanup_deadline_s = cleanup_deadline_ms / 1000.0
         self._retry_after_s = retry_after_s
         self._backoff_s = probe_backoff_s

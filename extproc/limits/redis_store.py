@@ -86,14 +86,17 @@ class RedisStore:
     CHARGE = Script(_lua.CHARGE)
     SCRIPTS = (ADMIT, SETTLE, CANCEL, CHARGE)
 
-    def __init__(self, url: str, *, timeout_ms: float = 50.0, prefix: str = "lim:",
-                 ssl_ca_certs: str | None = None, ssl_certfile: str | None = None, ssl_keyfile: str | None = None,
-                 require_hash_tag: bool = False) -> None:
+    def __init__(self, url: str, *, timeout_ms: float = 50.0, admit_timeout_ms: float | None = None,
+                 prefix: str = "lim:", ssl_ca_certs: str | None = None, ssl_certfile: str | None = None,
+                 ssl_keyfile: str | None = None, require_hash_tag: bool = False) -> None:
         """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
-        awaited call (waiting for a connect included)."""
+        awaited call (waiting for a connect included); `admit_timeout_ms` (default the same) bounds
+        admissions: give it the failover's decision deadline (and the failover none of its own), so
+        that a reply read in the loop iteration where the deadline passes still counts."""
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain a hash tag")
         self._timeout_s = timeout_ms / 1000.0
+        self._admit_timeout_s = admit_timeout_ms / 1000.0 if admit_timeout_ms is not None else self._timeout_s
         self._prefix = prefix
         self._require_hash_tag = require_hash_tag
         address = Address.from_url(url, ssl_ca_certs=ssl_ca_certs, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
@@ -141,7 +144,7 @@ class RedisStore:
             args.append(_ms(marker_ttl))
         keys.append(self._tombstone(request))
         try:
-            reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args)
+            reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args, self._admit_timeout_s)
         except (StoreUnavailable, asyncio.CancelledError):
             self._abandon(request)
             raise

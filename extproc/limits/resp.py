@@ -7,8 +7,9 @@ service's one core. Here a call is: pack the command (`hiredis.pack_command`, C)
 `data_received` callback, which resolves the futures in order. Many calls share the connection
 (pipelining): no pool, no per-call task.
 
-- `call` waits for the reply (bounded by `timeout_s`); an error reply, a lost connection, a timeout
-  or a failed connect raise `StoreUnavailable`. A caller that times out or is cancelled abandons its
+- `call` waits for the reply (bounded by `timeout_s`, a timer on the reply's future: a reply parsed
+  in the loop iteration where the deadline passes still counts); an error reply, a lost connection,
+  a timeout or a failed connect raise `StoreUnavailable`. A caller that times out or is cancelled abandons its
   future, which stays in the FIFO and takes its reply when it comes: the FIFO never desynchronises.
 - `post` queues a command and returns at once; posted commands are written together at the end of
   the event loop iteration (or with the next `call`, ahead of it), their replies checked when they
@@ -105,6 +106,15 @@ class Script:
 
 class _NoScript(StoreUnavailable):
     """EVALSHA named a script the server does not have (cache flushed or server restarted)."""
+
+
+class _Expired(Exception):
+    """No reply within the call's deadline."""
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_exception(_Expired())
 
 
 # A posted call in the FIFO: its operation name, and the EVAL command to resend on NOSCRIPT.
@@ -230,12 +240,14 @@ class RespClient:
         """Run one command and return its reply."""
         return await self._call(_pack(args))
 
-    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
-        """Run `script` (by SHA; by body after NOSCRIPT) and return its reply."""
+    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
+                      timeout_s: float | None = None) -> Any:
+        """Run `script` (by SHA; by body after NOSCRIPT) and return its reply, waiting at most
+        `timeout_s` (default: the client's) for it."""
         try:
-            return await self._call(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)))
+            return await self._call(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)), timeout_s)
         except _NoScript:
-            return await self._call(_pack(("EVAL", script.body, len(keys), *keys, *args)))
+            return await self._call(_pack(("EVAL", script.body, len(keys), *keys, *args)), timeout_s)
 
     async def post(self, op: str, *args: Arg) -> None:
         """Write one command without waiting for its reply (see the module docstring)."""
@@ -264,34 +276,38 @@ class RespClient:
 
     # --- internals ------------------------------------------------------------------------------
 
-    async def _ready(self) -> _Connection:
+    async def _ready(self, timeout_s: float | None = None) -> _Connection:
         """The open connection (connecting if needed, within `timeout_s`), with room in its FIFO."""
         conn = self._conn
         if conn is None or conn.closed:
+            timeout_s = self._timeout_s if timeout_s is None else timeout_s
             try:
-                async with asyncio.timeout(self._timeout_s):
+                async with asyncio.timeout(timeout_s):
                     conn = await self._connection()
             except TimeoutError:
-                raise StoreUnavailable(f"redis: not connected within {self._timeout_s * 1000:g} ms") from None
+                raise StoreUnavailable(f"redis: not connected within {timeout_s * 1000:g} ms") from None
         self._check_backlog(conn)
         return conn
 
-    async def _call(self, command: bytes) -> Any:
-        conn = self._conn
+    async def _call(self, command: bytes, timeout_s: float | None = None) -> Any:
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        conn = await self._ready(timeout_s)
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Any] = loop.create_future()
+        conn.send(command, waiter)
+        # The deadline is on the reply itself, not on this task: a reply parsed in the same loop
+        # iteration the deadline passes (the process was descheduled meanwhile) still counts.
+        expiry = loop.call_later(timeout_s, _expire, waiter)
         try:
-            async with asyncio.timeout(self._timeout_s):
-                if conn is None or conn.closed:
-                    conn = await self._connection()
-                self._check_backlog(conn)
-                waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-                conn.send(command, waiter)
-                reply = await waiter
-        except TimeoutError:
+            reply = await waiter
+        except _Expired:
             self._drop_if_stale(conn)
-            raise StoreUnavailable(f"redis: no reply within {self._timeout_s * 1000:g} ms") from None
+            raise StoreUnavailable(f"redis: no reply within {timeout_s * 1000:g} ms") from None
         except asyncio.CancelledError:
             self._drop_if_stale(conn)
             raise
+        finally:
+            expiry.cancel()
         if isinstance(reply, hiredis.ReplyError):
             message = str(reply)
             if message.startswith(_NOSCRIPT):

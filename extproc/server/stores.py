@@ -25,8 +25,9 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     if not url:
         raise ValueError(f"limits.store is redis but neither limits.redis_url nor ${REDIS_URL_ENV} is set")
     replicas = max(1, len(policy.envoy.extproc_endpoints))
-    redis = RedisStore(url)
-    store = FailoverStore(redis, MemoryStore(), limits.on_store_failure, deadline_ms=limits.decision_deadline_ms,
+    # The Redis client enforces the decision deadline itself, on the admission's reply (see FailoverStore).
+    redis = RedisStore(url, admit_timeout_ms=limits.decision_deadline_ms)
+    store = FailoverStore(redis, MemoryStore(), limits.on_store_failure, deadline_ms=None,
                           fallback_share=1.0 / replicas)
     redis.on_posted_failure = store.record_failure
     return store, redis

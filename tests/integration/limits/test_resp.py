@@ -4,6 +4,7 @@ posted calls and their failures, SELECT, reconnects and a stalled server."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -58,11 +59,26 @@ def test_under_uvloop(redis_server: RedisServer) -> None:
         resp = client(redis_server.url)
         try:
             await resp.post("set", "SET", "uv:k", "1")
-            return [await resp.call("GET", "uv:k"), await resp.evalsha(ECHO, ["k"], ["v"]), resp.posted_failures]
+            return [await resp.call("GET", "uv:k"), await resp.evalsha(ECHO, ["k"], ["v"]),
+                    await reply_after_a_stalled_loop(resp), resp.posted_failures]
         finally:
             await resp.close()
 
-    assert uvloop.run(scenario()) == [b"1", [b"k", b"v"], {}]
+    assert uvloop.run(scenario()) == [b"1", [b"k", b"v"], [b"k", b"late"], {}]
+
+
+async def reply_after_a_stalled_loop(resp: RespClient) -> object:
+    """A call whose deadline passes while the whole process is blocked (descheduled, a long callback):
+    its reply, there by then, is read before the deadline is looked at."""
+    await resp.call("PING")
+    task = asyncio.create_task(resp.evalsha(ECHO, ["k"], ["late"], timeout_s=0.005))
+    await asyncio.sleep(0)  # the task sends its command
+    time.sleep(0.05)  # noqa: ASYNC251  # blocks the loop on purpose
+    return await task
+
+
+async def test_a_reply_that_arrived_while_the_loop_was_blocked_counts(resp: RespClient) -> None:
+    assert await reply_after_a_stalled_loop(resp) == [b"k", b"late"]
 
 
 async def test_pipelined_replies_reach_their_callers(resp: RespClient) -> None:
