@@ -3,7 +3,7 @@
 `offer` answers at once on the hot path: GO (room, nothing queued ahead), a `Rejected` (a class that
 may not wait, a full queue), or a `Ticket` to await. Tickets are granted by `kick`, which the owner
 calls whenever room may have appeared (a request finished, a scrape arrived, a periodic tick), and
-expire after their class's `max_wait_s`. Granted tickets count against the pool's room until the
+expire at their class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count against the pool's room until the
 request is routed (`routed`) or abandoned (`leave`), so one kick never grants more than there is
 room for. A client that goes away while queued leaves at once (`leave` from the stream's end).
 """
@@ -23,6 +23,9 @@ from extproc.flow.saturation import Room
 __all__ = ["GO", "FlowController", "Rejected", "Ticket"]
 
 GO: Final = "go"
+# Queued requests expire this much before their class's max_wait_s (at most 10% of it), so that
+# event-loop lag on a busy process does not push a wait past the limit.
+EXPIRY_MARGIN_S: Final = 0.05
 Reason = Literal["saturated", "queue_full", "displaced", "timeout", "left"]
 
 
@@ -140,7 +143,7 @@ class FlowController:
             self._evict(pool_name, pool, lowest, now)
         waiter = Waiter(tenant, klass, spec.priority, max(weight, 1e-6), max(1, tokens), now, now + spec.max_wait_s)
         ticket = Ticket(pool_name, waiter)
-        ticket.arm(spec.max_wait_s, self._expire)
+        ticket.arm(max(0.0, spec.max_wait_s - min(EXPIRY_MARGIN_S, 0.1 * spec.max_wait_s)), self._expire)
         pool.queue.push(waiter)
         self._tickets[id(waiter)] = ticket
         pool.stats(klass).queued += 1
