@@ -2,10 +2,10 @@
 
 `offer` answers at once on the hot path: GO (room, nothing queued ahead), a `Rejected` (a class that
 may not wait, a full queue), or a `Ticket` to await. Tickets are granted by `kick`, which the owner
-calls whenever room may have appeared (a request finished, a scrape arrived, a periodic tick), and
-expire at their class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count against the pool's room until the
-request is routed (`routed`) or abandoned (`leave`), so one kick never grants more than there is
-room for. A client that goes away while queued leaves at once (`leave` from the stream's end).
+calls whenever room may have appeared (a request finished, a scrape arrived), and expire at their
+class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count against the pool's
+room until the request is routed (`routed`) or abandoned (`leave`), so one kick never grants more
+than there is room for. A client that goes away while queued leaves at once (`leave` from the stream's end).
 """
 
 from __future__ import annotations
