@@ -34,8 +34,9 @@ and its reservation. A bucket token it may have taken is not refunded (the bucke
 request_id cancelled this way is refused ("cancelled") if admitted again within those 60 s.
 
 Availability: one pipelined connection per store (`extproc.limits.resp`); every awaited call gets
-`timeout_ms` (waiting for a connect included), no client retries. Connection errors, timeouts,
-refused AUTH and server errors raise `StoreUnavailable`; the failover layer turns that into a policy.
+`timeout_ms` (waiting for a connect included; admissions `admit_timeout_ms`), no client retries.
+Connection errors, timeouts, refused AUTH and server errors raise `StoreUnavailable`; the failover
+layer turns that into a policy.
 TLS: a `rediss://` URL (plus `ssl_ca_certs` / client cert options); AUTH: `redis://user:pass@host`.
 Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) can exceed 5 ms.
 """

@@ -9,8 +9,9 @@ service's one core. Here a call is: pack the command (`hiredis.pack_command`, C)
 
 - `call` waits for the reply (bounded by `timeout_s`, a timer on the reply's future: a reply parsed
   in the loop iteration where the deadline passes still counts); an error reply, a lost connection,
-  a timeout or a failed connect raise `StoreUnavailable`. A caller that times out or is cancelled abandons its
-  future, which stays in the FIFO and takes its reply when it comes: the FIFO never desynchronises.
+  a timeout or a failed connect raise `StoreUnavailable`. A caller that times out or is cancelled
+  abandons its future, which stays in the FIFO and takes its reply when it comes: the FIFO never
+  desynchronises.
 - `post` queues a command and returns at once; posted commands are written together at the end of
   the event loop iteration (or with the next `call`, ahead of it), their replies checked when they
   arrive: an error reply (or the connection dying first) is counted in `posted_failures` and
