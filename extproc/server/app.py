@@ -149,6 +149,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)
         metrics.store_degraded_admits.set_function(lambda: float(failover.degraded_admits_total))
         metrics.store_primary_failures.set_function(lambda: float(failover.failures_total))
+        metrics.store_replayed_tokens.set_function(lambda: float(failover.replayed_tokens_total))
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts), access_log=None
     )

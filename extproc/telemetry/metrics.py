@@ -66,6 +66,9 @@ class GatewayMetrics:
         self.store_degraded_admits = Gauge(
             "extproc_limits_degraded_admits", "Admissions decided by the local fallback (fail-open) so far",
             registry=registry)
+        self.store_replayed_tokens = Gauge(
+            "extproc_limits_replayed_tokens", "Tokens admitted locally during fail-open and added to the shared "
+            "store's windows once it answered again, so far", registry=registry)
         self.store_primary_failures = Gauge(
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)

@@ -38,12 +38,13 @@ KEYS = {"cc": "chaos-key-concurrency", "bulk": "chaos-key-bulk"}
 
 
 def keys_file() -> str:
-    def tenant(name: str, concurrency: int) -> dict[str, Any]:
-        return {"name": name, "tier": "default", "limits": {"concurrency": concurrency},
-                "keys": [{"sha256": hash_key(KEYS[name])}]}
+    def tenant(name: str, limits: dict[str, int]) -> dict[str, Any]:
+        return {"name": name, "tier": "default", "limits": limits, "keys": [{"sha256": hash_key(KEYS[name])}]}
 
-    # "cc" checks the concurrency limit; "bulk" (limited too, so every request asks the store) carries the load.
-    return json.dumps({"tenants": [tenant("cc", CONCURRENCY), tenant("bulk", 1000)]})
+    # "cc" checks the concurrency limit; "bulk" (limited too, so every request asks the store) carries the load,
+    # with a token budget so that fail-open admissions are replayed into Redis once it is back.
+    return json.dumps({"tenants": [tenant("cc", {"concurrency": CONCURRENCY}),
+                                   tenant("bulk", {"concurrency": 1000, "tokens_per_min": 10_000_000})]})
 
 
 def auth(tenant: str) -> tuple[tuple[str, str], ...]:
@@ -72,6 +73,7 @@ class Outcome:
     burst_after: list[int] = field(default_factory=list)
     first_after: Hold | None = None
     failures_after: float = 0.0
+    replayed_tokens: float = 0.0
 
 
 async def post(http: aiohttp.ClientSession, stack: Stack, tenant: str,
@@ -177,6 +179,7 @@ async def outcome(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             result.failures_after = await metric_value(http, stack.admin_url,
                                                        "extproc_limits_store_primary_failures") - failures
             await wait_stable(http, stack)
+            result.replayed_tokens = await metric_value(http, stack.admin_url, "extproc_limits_replayed_tokens")
             yield result
     finally:
         redis_server.kill()
@@ -189,6 +192,8 @@ async def test_while_redis_is_down_the_policy_applies(outcome: Outcome) -> None:
         assert [(s.start_s, s.status) for s in samples if s.error is not None] == []
         # One service replica: its local share is the whole limit, and it is enforced.
         assert outcome.while_down == Hold([200] * CONCURRENCY, 429, None)
+        # What was admitted locally went into Redis's token windows once it answered again.
+        assert outcome.replayed_tokens > 0
         return
     assert outcome.down_reply is not None
     status, headers, payload = outcome.down_reply
