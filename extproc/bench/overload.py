@@ -187,36 +187,51 @@ def fairness(samples: Sequence[Sample], window_s: float, klass: str = "standard"
             "jain": None if index is None else round(index, 3)}
 
 
-async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: int, sim_args: Sequence[str]) -> Stack:
+async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: int, sim_args: Sequence[str],
+                 replicas: int) -> Stack:
     pools = [SimPool("chat", MODEL, endpoints)]
     envoy_only = strategy in ENVOY_STRATEGIES
-    stack = prepare(workdir, pools, extra_policy=_policy(strategy.endswith("+flow")))
+    stack = prepare(workdir, pools, extra_policy=_policy(strategy.endswith("+flow")),
+                    service_replicas=1 if envoy_only else replicas)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
     if envoy_only:
         await start_envoy_only(group, stack, strategy)
         return stack
-    stack.children["service"] = await start_service(group, stack)
+    for index in range(replicas):
+        child = await start_service(group, stack, index)
+        stack.children[child.name] = child
     stack.children["envoy"] = await start_envoy(group, stack)
     return stack
 
 
-async def _flow_stats(client: HttpClient, stack: Stack) -> dict[str, Any]:
-    port = stack.service_ports[0][1]
-    try:
-        response = await client.request("GET", "127.0.0.1", port, "/debug/flow", timeout_s=5.0)
-    except RequestError:
-        return {}
-    if response.status != 200:
-        return {}
-    pools: dict[str, dict[str, Any]] = json.loads(response.body).get("pools", {})
-    return pools.get("chat", {})
+async def _flow_stats(client: HttpClient, stack: Stack) -> list[dict[str, Any]]:
+    """/debug/flow of the pool from every service replica (each keeps its own queue)."""
+    found: list[dict[str, Any]] = []
+    for _, admin_port in stack.service_ports:
+        try:
+            response = await client.request("GET", "127.0.0.1", admin_port, "/debug/flow", timeout_s=5.0)
+        except RequestError:
+            continue
+        if response.status == 200:
+            pools: dict[str, dict[str, Any]] = json.loads(response.body).get("pools", {})
+            found.append(pools.get("chat", {}))
+    return found
+
+
+def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """The longest queue wait per class over the replicas' /debug/flow."""
+    waits: dict[str, float] = {}
+    for flow in flows:
+        for klass, stats in flow.get("classes", {}).items():
+            waits[klass] = max(waits.get(klass, 0.0), float(stats.get("max_wait_s", 0.0)))
+    return waits
 
 
 async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
                     sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
     rate = load * capacity
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
-        stack = await _start(group, workdir, strategy, endpoints, sim_args)
+        stack = await _start(group, workdir, strategy, endpoints, sim_args, args.replicas)
         specs = _spec_factory(args.seed, strategy in ENVOY_STRATEGIES)
         warm = await run_open_loop("127.0.0.1", stack.envoy_port, lambda i: specs(1_000_000 + i),
                                    rate=WARMUP_LOAD * capacity, duration_s=args.warmup, seed=args.seed + 7,
@@ -230,16 +245,15 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         finally:
             printer.close()
         wall = time.perf_counter() - started
-        flow = await _flow_stats(client, stack) if strategy.endswith("+flow") else {}
+        flows = await _flow_stats(client, stack) if strategy.endswith("+flow") else []
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
-    max_wait = {k: v.get("max_wait_s") for k, v in flow.get("classes", {}).items()}
     return {
         "strategy": strategy, "load": load, "rate_rps": round(rate, 2), "wall_s": round(wall, 1),
         "classes": classes, "fairness": fairness(samples, args.duration),
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
-        "max_queue_wait_s": max_wait, "flow": flow,
+        "max_queue_wait_s": longest_waits(flows), "flow": flows,
     }
 
 
@@ -292,7 +306,8 @@ async def run_overload(args: argparse.Namespace) -> int:
     out = Path(args.out or "reports/routing-overload")
     # The service's default classes, which this benchmark runs with.
     classes = {name: spec.max_wait_s for name, spec in FlowControlConfig().classes.items()}
-    print(f"overload: {endpoints} replicas of h100-8b, capacity ~{capacity:.1f} req/s; loads {loads} x capacity; "
+    print(f"overload: {endpoints} replicas of h100-8b, {args.replicas} service process(es), "
+          f"capacity ~{capacity:.1f} req/s; loads {loads} x capacity; "
           f"{args.duration:g} s per point; strategies {strategies}; class waits {classes}; workdir {workdir}",
           file=sys.stderr)
     rows: list[dict[str, Any]] = []
@@ -310,7 +325,8 @@ async def run_overload(args: argparse.Namespace) -> int:
     summary = verdicts(good, loads, classes)
     for line in summary:
         print(line)
-    meta = {"endpoints": endpoints, "capacity_rps": round(capacity, 2), "loads": loads, "duration_s": args.duration,
+    meta = {"endpoints": endpoints, "service_replicas": args.replicas, "capacity_rps": round(capacity, 2),
+            "loads": loads, "duration_s": args.duration,
             "slo_ttft_s": args.slo_ttft, "mix": [vars(d) for d in MIX], "class_max_wait_s": classes,
             "seed": args.seed, "workdir": str(workdir)}
     paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "verdicts": summary})]

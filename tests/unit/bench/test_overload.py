@@ -72,3 +72,9 @@ def test_service_after_the_run_does_not_count() -> None:
     late = [Sample(i, {"tenant": "std-1", "class": "standard"}, 29.0, 0.0, status=200, ttft_s=5.0, e2e_s=6.0)
             for i in range(5)]
     assert overload.fairness(late, 30.0)["served"]["std-1"] == 0
+
+
+def test_longest_waits_over_replicas() -> None:
+    flows = [{"classes": {"critical": {"max_wait_s": 0.2}, "standard": {"max_wait_s": 9.9}}},
+             {"classes": {"critical": {"max_wait_s": 0.5}}}, {}]
+    assert overload.longest_waits(flows) == {"critical": 0.5, "standard": 9.9}
