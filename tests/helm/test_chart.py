@@ -228,10 +228,13 @@ def test_render_errors_surface(chart: Chart) -> None:
 def test_dashboard_queries_use_the_service_metric_names() -> None:
     from prometheus_client import CollectorRegistry
 
+    from extproc.flow import FlowControlConfig, FlowController, Room
     from extproc.telemetry import GatewayMetrics
+    from extproc.telemetry.flow import FlowCollector
 
     registry = CollectorRegistry()
     GatewayMetrics(registry)
+    registry.register(FlowCollector(FlowController(FlowControlConfig(), lambda pool, now, reserve: Room(0.0, 0))))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     # Families with labels have no samples until used: derive the exported names from the family types.
     exported = {family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]}
@@ -241,7 +244,8 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
     used = {name for expr in exprs for name in re.findall(r"\bextproc_[a-z0-9_]+", expr)}
     assert used <= exported, f"dashboard names metrics the service does not export: {sorted(used - exported)}"
     wanted = {"extproc_requests_total", "extproc_decision_seconds_bucket", "extproc_request_duration_seconds_bucket",
-              "extproc_upstream_responses_total", "extproc_in_flight"}
+              "extproc_upstream_responses_total", "extproc_in_flight", "extproc_flow_queued",
+              "extproc_flow_rejected_total", "extproc_flow_queue_wait_seconds_bucket", "extproc_limits_replayed_tokens"}
     assert wanted <= used
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
