@@ -3,7 +3,7 @@
 from extproc.flow.config import FlowControlConfig, PriorityClass, SaturationConfig
 from extproc.flow.controller import GO, FlowController, Rejected, Ticket
 from extproc.flow.queue import FairQueue, Waiter
-from extproc.flow.saturation import Room, pool_room
+from extproc.flow.saturation import Room, endpoint_room, pool_room
 
 __all__ = ["GO", "FairQueue", "FlowControlConfig", "FlowController", "PriorityClass", "Rejected", "Room",
-           "SaturationConfig", "Ticket", "Waiter", "pool_room"]
+           "SaturationConfig", "Ticket", "Waiter", "endpoint_room", "pool_room"]

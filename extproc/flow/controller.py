@@ -5,7 +5,8 @@ may not wait, a full queue), or a `Ticket` to await. Tickets are granted by `kic
 calls whenever room may have appeared (a request finished, a scrape arrived), and expire at their
 class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count against the pool's
 room until the request is routed (`routed`) or abandoned (`leave`), so one kick never grants more
-than there is room for. A client that goes away while queued leaves at once (`leave` from the stream's end).
+than there is room for. A client that goes away while queued leaves at once (`leave` from the
+stream's end).
 """
 
 from __future__ import annotations
@@ -38,14 +39,16 @@ class Rejected:
     waited_s: float = 0.0
 
 
-class Ticket:
-    """A queued request's place. `await ticket.wait()` -> None when granted, or the `Rejected`."""
+class Ticket(Waiter):
+    """A queued request, as its pool's queue holds it. `await ticket.wait()` -> None when granted, or
+    the `Rejected`."""
 
-    __slots__ = ("_future", "_timer", "consumed", "pool", "waiter")
+    __slots__ = ("_future", "_timer", "consumed", "pool")
 
-    def __init__(self, pool: str, waiter: Waiter) -> None:
+    def __init__(self, pool: str, tenant: str, klass: str, priority: int, weight: float, tokens: int,
+                 enqueued: float, deadline: float) -> None:
+        super().__init__(tenant, klass, priority, weight, tokens, enqueued, deadline)
         self.pool = pool
-        self.waiter = waiter
         self._future: asyncio.Future[Rejected | None] = asyncio.get_running_loop().create_future()
         self._timer: asyncio.TimerHandle | None = None
         self.consumed = False
@@ -79,7 +82,7 @@ class _ClassStats:
 
 @dataclass(slots=True)
 class _Pool:
-    queue: FairQueue
+    queue: FairQueue[Ticket]
     pending: int = 0  # granted, not yet routed
     saturated: bool = False
     stale_decisions: int = 0  # offers decided on stale/missing metrics
@@ -103,7 +106,6 @@ class FlowController:
         self._clock = clock
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
-        self._tickets: dict[int, Ticket] = {}  # id(waiter) -> its ticket, while queued
 
     def configure(self, config: FlowControlConfig) -> None:
         """A new policy: queued requests keep their class and deadline; new ones use the new classes."""
@@ -114,7 +116,7 @@ class FlowController:
     def _pool(self, name: str) -> _Pool:
         pool = self._pools.get(name)
         if pool is None:
-            pool = self._pools[name] = _Pool(FairQueue(self.config.aging_per_s))
+            pool = self._pools[name] = _Pool(FairQueue[Ticket](self.config.aging_per_s))
         return pool
 
     # -- hot path ----------------------------------------------------------------------------------
@@ -140,12 +142,11 @@ class FlowController:
             lowest = pool.queue.lowest()
             if lowest is None or lowest.priority >= spec.priority:
                 return self._rejected(pool, klass, "queue_full", 0.0)
-            self._evict(pool_name, pool, lowest, now)
-        waiter = Waiter(tenant, klass, spec.priority, max(weight, 1e-6), max(1, tokens), now, now + spec.max_wait_s)
-        ticket = Ticket(pool_name, waiter)
+            self._evict(pool, lowest, now)
+        ticket = Ticket(pool_name, tenant, klass, spec.priority, max(weight, 1e-6), max(1, tokens), now,
+                        now + spec.max_wait_s)
         ticket.arm(max(0.0, spec.max_wait_s - min(EXPIRY_MARGIN_S, 0.1 * spec.max_wait_s)), self._expire)
-        pool.queue.push(waiter)
-        self._tickets[id(waiter)] = ticket
+        pool.queue.push(ticket)
         pool.stats(klass).queued += 1
         return ticket
 
@@ -158,11 +159,9 @@ class FlowController:
     def leave(self, ticket: Ticket) -> None:
         """The exchange ended (normally, or the client went away): give back whatever it still holds."""
         pool = self._pool(ticket.pool)
-        if ticket.waiter.queued:
-            pool.queue.remove(ticket.waiter)
-            self._tickets.pop(id(ticket.waiter), None)
-            pool.stats(ticket.waiter.klass).left += 1
-            ticket.settle(Rejected(ticket.waiter.klass, "left", 499, 0.0, self._clock() - ticket.waiter.enqueued))
+        if pool.queue.remove(ticket):
+            pool.stats(ticket.klass).left += 1
+            ticket.settle(Rejected(ticket.klass, "left", 499, 0.0, self._clock() - ticket.enqueued))
         elif ticket.granted and not ticket.consumed:
             ticket.consumed = True
             pool.pending -= 1
@@ -206,43 +205,37 @@ class FlowController:
                     rooms[reserve] = self._room(pool_name, now, reserve).requests - pool.pending
                 if rooms[reserve] <= 0:
                     continue
-                waiter = pool.queue.pop_class(klass)
-                if waiter is None:
+                ticket = pool.queue.pop_class(klass)
+                if ticket is None:
                     continue
-                self._grant(pool, waiter, now)
+                self._grant(pool, ticket, now)
                 rooms = {r: left - 1 for r, left in rooms.items()}
                 granted = True
                 break
         pool.saturated = bool(pool.queue)
 
-    def _grant(self, pool: _Pool, waiter: Waiter, now: float) -> None:
-        ticket = self._tickets.pop(id(waiter), None)
-        if ticket is None:
-            return
-        waited = now - waiter.enqueued
-        stats = pool.stats(waiter.klass)
+    def _grant(self, pool: _Pool, ticket: Ticket, now: float) -> None:
+        waited = now - ticket.enqueued
+        stats = pool.stats(ticket.klass)
         stats.granted += 1
         stats.max_wait_s = max(stats.max_wait_s, waited)
         if self._observe_wait is not None:
-            self._observe_wait(waiter.klass, waited)
+            self._observe_wait(ticket.klass, waited)
         pool.pending += 1
         ticket.settle(None)
 
     def _expire(self, ticket: Ticket) -> None:
         pool = self._pools.get(ticket.pool)
-        if pool is None or not pool.queue.remove(ticket.waiter):
+        if pool is None or not pool.queue.remove(ticket):
             return
-        self._tickets.pop(id(ticket.waiter), None)
-        waited = self._clock() - ticket.waiter.enqueued
+        waited = self._clock() - ticket.enqueued
         if self._observe_wait is not None:
-            self._observe_wait(ticket.waiter.klass, waited)
-        ticket.settle(self._rejected(pool, ticket.waiter.klass, "timeout", waited))
+            self._observe_wait(ticket.klass, waited)
+        ticket.settle(self._rejected(pool, ticket.klass, "timeout", waited))
 
-    def _evict(self, pool_name: str, pool: _Pool, waiter: Waiter, now: float) -> None:
-        pool.queue.remove(waiter)
-        ticket = self._tickets.pop(id(waiter), None)
-        if ticket is not None:
-            ticket.settle(self._rejected(pool, waiter.klass, "displaced", now - waiter.enqueued))
+    def _evict(self, pool: _Pool, ticket: Ticket, now: float) -> None:
+        pool.queue.remove(ticket)
+        ticket.settle(self._rejected(pool, ticket.klass, "displaced", now - ticket.enqueued))
 
     def _rejected(self, pool: _Pool, klass: str, reason: Reason, waited: float) -> Rejected:
         stats = pool.stats(klass)

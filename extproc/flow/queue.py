@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 __all__ = ["FairQueue", "Waiter"]
 
@@ -38,26 +39,31 @@ class Waiter:
     queued: bool = True  # False once popped, removed or evicted
 
 
+W = TypeVar("W", bound=Waiter)
+
+
 @dataclass(slots=True)
-class _Class:
+class _Class(Generic[W]):
     name: str
     priority: int
-    tenants: dict[str, deque[Waiter]] = field(default_factory=dict)
+    tenants: dict[str, deque[W]] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
     size: int = 0
 
-    def oldest(self) -> Waiter | None:
-        best: Waiter | None = None
+    def oldest(self) -> W | None:
+        best: W | None = None
         for waiters in self.tenants.values():
             if waiters and (best is None or waiters[0].enqueued < best.enqueued):
                 best = waiters[0]
         return best
 
 
-class FairQueue:
+class FairQueue(Generic[W]):
+    """Queued requests of type W (a `Waiter`, or a subclass carrying what its owner needs)."""
+
     def __init__(self, aging_per_s: float = 0.0) -> None:
         self.aging_per_s = aging_per_s
-        self._classes: dict[str, _Class] = {}
+        self._classes: dict[str, _Class[W]] = {}
         self._size = 0
 
     def __len__(self) -> int:
@@ -70,10 +76,10 @@ class FairQueue:
     def sizes(self) -> dict[str, int]:
         return {name: entry.size for name, entry in self._classes.items()}
 
-    def push(self, waiter: Waiter) -> None:
+    def push(self, waiter: W) -> None:
         entry = self._classes.get(waiter.klass)
         if entry is None:
-            entry = self._classes[waiter.klass] = _Class(waiter.klass, waiter.priority)
+            entry = self._classes[waiter.klass] = _Class[W](waiter.klass, waiter.priority)
         waiters = entry.tenants.get(waiter.tenant)
         if waiters is None:
             waiters = entry.tenants[waiter.tenant] = deque()
@@ -97,12 +103,12 @@ class FairQueue:
                 ranks.append((-(entry.priority + self.aging_per_s * waited), oldest.enqueued, entry.name))
         return [name for _, _, name in sorted(ranks)]
 
-    def pop(self, now: float) -> Waiter | None:
+    def pop(self, now: float) -> W | None:
         """The next request to dispatch, or None when the queue is empty."""
         ranked = self.ranked(now)
         return self.pop_class(ranked[0]) if ranked else None
 
-    def pop_class(self, klass: str) -> Waiter | None:
+    def pop_class(self, klass: str) -> W | None:
         """The next request of `klass`: its least-served backlogged tenant's oldest."""
         chosen = self._classes.get(klass)
         if chosen is None or not chosen.size:
@@ -113,7 +119,7 @@ class FairQueue:
         self._forget(chosen, tenant, waiter)
         return waiter
 
-    def remove(self, waiter: Waiter) -> bool:
+    def remove(self, waiter: W) -> bool:
         """Take `waiter` out (its client left, or it expired); False if it was no longer queued."""
         if not waiter.queued:
             return False
@@ -122,7 +128,7 @@ class FairQueue:
         self._forget(entry, waiter.tenant, waiter)
         return True
 
-    def lowest(self) -> Waiter | None:
+    def lowest(self) -> W | None:
         """The request to displace first: the newest of the lowest class (its heaviest tenant's)."""
         candidates = [e for e in self._classes.values() if e.size]
         if not candidates:
@@ -132,7 +138,7 @@ class FairQueue:
             entry.tenants[t])))
         return entry.tenants[tenant][-1]
 
-    def _forget(self, entry: _Class, tenant: str, waiter: Waiter) -> None:
+    def _forget(self, entry: _Class[W], tenant: str, waiter: W) -> None:
         waiter.queued = False
         entry.size -= 1
         self._size -= 1

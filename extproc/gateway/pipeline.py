@@ -16,8 +16,7 @@ from typing import Any
 from extproc.config import PoolConfig
 from extproc.endpoints import Endpoint, EndpointRegistry, Lease
 from extproc.endpoints.health import HealthConfig, HealthTracker
-from extproc.flow import GO, FlowController, Rejected, Ticket, pool_room
-from extproc.flow.saturation import Room, endpoint_room
+from extproc.flow import GO, FlowController, Rejected, Room, Ticket, endpoint_room, pool_room
 from extproc.gateway.admission import (
     Admission,
     admit_request,

@@ -97,7 +97,7 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                         response = admitted if isinstance(admitted, Queued) else stream.respond(admitted)
                     if isinstance(response, Queued) and exchange is not None:
                         # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
-                        await context.write(protocol.extend_message_timeout(response.ticket.waiter.deadline
+                        await context.write(protocol.extend_message_timeout(response.ticket.deadline
                                                                             - time.monotonic()))
                         outcome = await response.ticket.wait()
                         response = stream.respond(self._gateway.dequeued(exchange, outcome))

@@ -106,7 +106,6 @@ def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:
     )
 
 
-
 def extend_message_timeout(remaining_s: float) -> ext_pb.ProcessingResponse:
     """Tell Envoy to wait `remaining_s` (+ slack) for our answer to the current message: sent when a
     request is queued. Envoy honours it up to the filter's `max_message_timeout`."""
