@@ -16,8 +16,9 @@ then one admission probes it (others keep using the policy meanwhile) and succes
 One log line per change of state (down / up); `failures_total` counts every failed primary call.
 
 Reservations remember where they were admitted: release/settle of a fallback admission go to the
-fallback, all others to the primary (bounded by `cleanup_deadline_ms`, tried even while it is marked
-down so leases are not left to expire). A failing release/settle is logged and counted, never raised:
+fallback, all others to the primary (bounded by `cleanup_deadline_ms`, or by the primary itself when
+None, as `RedisStore` bounds every call by its client timeout; tried even while it is marked down so
+leases are not left to expire). A failing release/settle is logged and counted, never raised:
 its leases expire by TTL and its reservation stays at the estimate. `record_failure` counts failures
 the primary only learns of later (a posted call whose reply was an error).
 
@@ -132,7 +133,7 @@ class Reports:
 class FailoverStore:
     def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, deadline_ms: float | None = 5.0,
                  retry_after_s: float = 1.0, *, fallback_share: float = 1.0, probe_backoff_s: float = 1.0,
-                 cleanup_deadline_ms: float = 50.0, clock: Callable[[], float] = time.monotonic,
+                 cleanup_deadline_ms: float | None = 50.0, clock: Callable[[], float] = time.monotonic,
                  logger: logging.Logger | None = None) -> None:
         if policy not in ("fail-open", "fail-closed"):
             raise ValueError(f"unknown store failure policy {policy!r}")
@@ -145,7 +146,7 @@ class FailoverStore:
         self._primary = primary
         self._fallback = fallback
         self._deadline_s = deadline_ms / 1000.0 if deadline_ms is not None else None
-        self._cleanup_deadline_s = cleanup_deadline_ms / 1000.0
+        self._cleanup_deadline_s = cleanup_deadline_ms / 1000.0 if cleanup_deadline_ms is not None else None
         self._retry_after_s = retry_after_s
         self._backoff_s = probe_backoff_s
         self._clock = clock
