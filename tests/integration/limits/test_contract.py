@@ -5,34 +5,19 @@ from __future__ import annotations
 import pytest
 
 from extproc.limits import (
-    AdmitRequest,
-    AdmitResult,
     ConcurrencyLimit,
-    LimitState,
     RateLimit,
     Reservation,
     Store,
     TokenBudget,
 )
+from tests.support import held, req, state
 
 pytestmark = pytest.mark.integration
 
 T0 = 1_699_920_000.0  # a multiple of 86400: minute and day windows both start here
 RPS = RateLimit("{a}:rps", rate=2.0, burst=3.0)
 TPM = TokenBudget("{a}:tpm", limit=100, window_s=60)
-
-
-def req(rid: str, at: float, tokens: int = 0, rates: tuple[RateLimit, ...] = (),
-        conc: tuple[ConcurrencyLimit, ...] = (), budgets: tuple[TokenBudget, ...] = ()) -> AdmitRequest:
-    return AdmitRequest(rid, at, tokens, rates=rates, concurrency=conc, budgets=budgets)
-
-
-def held(request: AdmitRequest) -> Reservation:
-    return Reservation.of(request)
-
-
-def state(result: AdmitResult, name: str) -> LimitState:
-    return next(s for s in result.states if s.name == name)
 
 
 async def tokens_left(store: Store, at: float, budget: TokenBudget = TPM) -> float:

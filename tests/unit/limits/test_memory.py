@@ -8,33 +8,18 @@ import random
 import pytest
 
 from extproc.limits import (
-    AdmitRequest,
-    AdmitResult,
     ConcurrencyLimit,
     LimitState,
     MemoryStore,
     RateLimit,
-    Reservation,
     TokenBudget,
 )
+from tests.support import held, req, state
 
 T0 = 1_699_920_000.0
 RPS = RateLimit("t:rps", rate=4.0, burst=2.0)
 CC = ConcurrencyLimit("t:cc", limit=2, lease_ttl_s=10.0)
 TPM = TokenBudget("t:tpm", limit=1000, window_s=60)
-
-
-def req(rid: str, at: float, tokens: int = 0, rates: tuple[RateLimit, ...] = (),
-        conc: tuple[ConcurrencyLimit, ...] = (), budgets: tuple[TokenBudget, ...] = ()) -> AdmitRequest:
-    return AdmitRequest(rid, at, tokens, rates=rates, concurrency=conc, budgets=budgets)
-
-
-def held(request: AdmitRequest) -> Reservation:
-    return Reservation.of(request)
-
-
-def state(result: AdmitResult, name: str) -> LimitState:
-    return next(s for s in result.states if s.name == name)
 
 
 def tokens_left(store: MemoryStore, at: float) -> float:
