@@ -201,6 +201,13 @@ class LimitsConfig(_Strict):
     # Expected completion when a request sets no max_tokens: reserved, then corrected to real usage.
     default_output_tokens: int = Field(default=256, ge=1)
     lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
+    # Redis: admit without waiting for the store while its last reply (at most optimistic_max_age_ms
+    # old) left room for the request within this replica's share; near a limit, wait for Redis.
+    optimistic_admission: bool = True
+    optimistic_max_age_ms: float = Field(default=500.0, gt=0, le=60_000)
+    # Service replicas sharing the store (their share of a limit when deciding alone: fail-open and
+    # optimistic admission); default the number of envoy.extproc_endpoints (at least 1).
+    replicas: int | None = Field(default=None, ge=1, le=10_000)
 
     @model_validator(mode="after")
     def _redis_url(self) -> LimitsConfig:

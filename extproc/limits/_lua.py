@@ -8,10 +8,12 @@ to an integer by Redis).
 ADMIT
   KEYS: bucket per rate, lease set per concurrency limit, (current, previous) window per budget,
         then the pending-reservation marker when there are budgets, then the cancellation tombstone.
-  ARGV: now, tokens, request_id, n_rates, n_conc, n_budgets, epsilon,
+  ARGV: now, tokens, request_id, n_rates, n_conc, n_budgets, epsilon, force (1: take every dimension
+        even if one refuses; the caller already admitted the request, see `extproc.limits.headroom`),
         per rate (rate, burst, ttl_ms), per concurrency limit (limit, lease_ttl_s, ttl_ms),
         per budget (limit, window_s, index, ttl_ms), then marker_ttl_ms.
-  Reply: admitted, per rate level, per concurrency limit (ok, live, earliest or ""),
+  Reply: admitted (did every dimension allow it; with force it was taken anyway), per rate level,
+         per concurrency limit (ok, live, earliest or ""),
          per budget (previous, current); or {-1} alone when the admission was cancelled already.
 
 CANCEL (undo an admission the client gave up waiting for; it may have run, may run later, or never)
@@ -56,10 +58,11 @@ local tokens = tonumber(ARGV[2])
 local rid = ARGV[3]
 local nr, nc, nb = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local eps = tonumber(ARGV[7])
+local force = ARGV[8] == '1'
 local function fmt(x) return string.format('%.17g', x) end
 
 local ok = true
-local a = 8
+local a = 9
 local levels, stamps = {}, {}
 for i = 1, nr do
   local rate, burst = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
@@ -102,8 +105,8 @@ for b = 1, nb do
   if tokens > limit or estimate + tokens > limit + eps then ok = false end
 end
 
-if ok then
-  local ar = 8
+if ok or force then
+  local ar = 9
   for i = 1, nr do
     redis.call('HSET', KEYS[i], 't', fmt(levels[i] - 1), 's', fmt(stamps[i]))
     redis.call('PEXPIRE', KEYS[i], ARGV[ar + 2])

@@ -33,6 +33,11 @@ returns its reserved tokens. Without it every timed-out admission would leak a l
 and its reservation. A bucket token it may have taken is not refunded (the bucket refills). A
 request_id cancelled this way is refused ("cancelled") if admitted again within those 60 s.
 
+Optimistic admission (`headroom`, on by default from the policy): while the store's last replies for
+every key of a request leave room for it (share x remaining, see `extproc.limits.headroom`), `admit`
+posts the script with force=1 and returns at once with estimated states; the reply updates the
+reports. Otherwise (near a limit, no recent reply) it waits for the store's decision as above.
+
 Availability: one pipelined connection per store (`extproc.limits.resp`); every awaited call gets
 `timeout_ms` (waiting for a connect included; admissions `admit_timeout_ms`), no client retries.
 Connection errors, timeouts, refused AUTH and server errors raise `StoreUnavailable`; the failover
@@ -44,12 +49,15 @@ Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) c
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
+from functools import partial
 
 from extproc.limits import _lua
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
+from extproc.limits.headroom import Headroom
 from extproc.limits.resp import Address, Arg, RespClient, Script
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable, WindowCharge
 
@@ -89,11 +97,13 @@ class RedisStore:
 
     def __init__(self, url: str, *, timeout_ms: float = 50.0, admit_timeout_ms: float | None = None,
                  prefix: str = "lim:", ssl_ca_certs: str | None = None, ssl_certfile: str | None = None,
-                 ssl_keyfile: str | None = None, require_hash_tag: bool = False) -> None:
+                 ssl_keyfile: str | None = None, require_hash_tag: bool = False,
+                 headroom: Headroom | None = None) -> None:
         """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
         awaited call (waiting for a connect included); `admit_timeout_ms` (default the same) bounds
         admissions: give it the failover's decision deadline (and the failover none of its own), so
-        that a reply read in the loop iteration where the deadline passes still counts."""
+        that a reply read in the loop iteration where the deadline passes still counts. `headroom`:
+        admit without waiting while the store's last replies leave room (`extproc.limits.headroom`)."""
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain a hash tag")
         self._timeout_s = timeout_ms / 1000.0
@@ -106,6 +116,7 @@ class RedisStore:
         self._cancelling: set[asyncio.Task[None]] = set()
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
         self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call
+        self.headroom = headroom
 
     @property
     def cancelling(self) -> int:
@@ -128,7 +139,7 @@ class RedisStore:
         keys: list[Arg] = [f"{p}{r.key}:rb" for r in request.rates]
         keys += [f"{p}{c.key}:cc" for c in request.concurrency]
         args: list[Arg] = [repr(float(now)), tokens, request.request_id, len(request.rates),
-                           len(request.concurrency), len(request.budgets), repr(EPSILON)]
+                           len(request.concurrency), len(request.budgets), repr(EPSILON), "0"]
         for r in request.rates:
             args += [repr(float(r.rate)), repr(float(r.burst)), _ms(bucket_ttl_s(r.rate, r.burst))]
         for c in request.concurrency:
@@ -144,6 +155,28 @@ class RedisStore:
             keys.append(self._marker(request.budgets[0].key, request.request_id))
             args.append(_ms(marker_ttl))
         keys.append(self._tombstone(request))
+        headroom = self.headroom
+        if headroom is None:
+            return await self._admit(request, keys, args)
+        seq, optimistic = headroom.take(request)
+        if optimistic is None:
+            try:
+                result = await self._admit(request, keys, args)
+            except BaseException:
+                headroom.replied(request, seq, None)
+                raise
+            headroom.replied(request, seq, result.states if result.refused_by != CANCELLED else None)
+            return result
+        args[7] = "1"  # force: the request is admitted already
+        try:
+            await self._client.post_evalsha("admit", self.ADMIT, keys, args,
+                                            on_reply=partial(self._forced_reply, headroom, request, seq))
+        except BaseException:
+            headroom.replied(request, seq, None)
+            raise
+        return optimistic
+
+    async def _admit(self, request: AdmitRequest, keys: list[Arg], args: list[Arg]) -> AdmitResult:
         try:
             reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args, self._admit_timeout_s)
         except (StoreUnavailable, asyncio.CancelledError):
@@ -153,13 +186,27 @@ class RedisStore:
             return AdmitResult(admitted=False, refused_by=CANCELLED, retry_after_s=_TOMBSTONE_TTL_S)
         return decide(request, _parse(reply, len(request.rates), len(request.concurrency), len(request.budgets)))
 
+    @staticmethod
+    def _forced_reply(headroom: Headroom, request: AdmitRequest, seq: int, reply: object) -> None:
+        """The reply of an optimistic (forced) admission: the newest report of its keys."""
+        if isinstance(reply, StoreUnavailable) or not isinstance(reply, list) or int(reply[0]) < 0:
+            headroom.replied(request, seq, None)
+            return
+        seen = _parse(reply, len(request.rates), len(request.concurrency), len(request.budgets))
+        taken = decide(request, dataclasses.replace(seen, admitted=True))  # the state after taking it
+        headroom.replied(request, seq, taken.states, overshoot=not seen.admitted)
+
     async def release(self, reservation: Reservation, now: float) -> None:
+        if self.headroom is not None:
+            self.headroom.released(reservation)
         for c in reservation.concurrency:
             await self._client.post("release", "ZREM", f"{self._prefix}{c.key}:cc", reservation.request_id)
 
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         if not reservation.budgets:
             return
+        if self.headroom is not None:
+            self.headroom.settled(reservation, actual_tokens)
         keys: list[Arg] = [self._marker(reservation.budgets[0].key, reservation.request_id)]
         args: list[Arg] = [max(0, actual_tokens)]
         for b in reservation.budgets:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -51,6 +52,7 @@ Arg = str | bytes | int
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 0.5
 _NOSCRIPT = "NOSCRIPT"
+_log = logging.getLogger(__name__)
 # RESP array of bulk strings, packed in C (hiredis' stub types the argument as a 1-tuple).
 _pack: Callable[[tuple[Arg, ...]], bytes] = hiredis.pack_command  # type: ignore[assignment]
 
@@ -118,15 +120,31 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
         waiter.set_exception(_Expired())
 
 
-# A posted call in the FIFO: its operation name, and the EVAL command to resend on NOSCRIPT.
-_Posted = tuple[str, bytes | None]
+class _Posted:
+    """A posted call in the FIFO: its operation name, the EVAL arguments to resend on NOSCRIPT (packed
+    only if needed), and who wants its reply (given the reply, or `StoreUnavailable` if it failed)."""
+
+    __slots__ = ("on_reply", "op", "retry")
+
+    def __init__(self, op: str, retry: tuple[Arg, ...] | None = None,
+                 on_reply: Callable[[Any], None] | None = None) -> None:
+        self.op = op
+        self.retry = retry
+        self.on_reply = on_reply
+
+    def deliver(self, reply: Any) -> None:
+        if self.on_reply is not None:
+            try:
+                self.on_reply(reply)
+            except Exception:  # a bad callback must not desynchronise the connection
+                _log.exception("redis: reply callback of posted %s failed", self.op)
 
 
 class _Connection(asyncio.Protocol):
     """One socket: writes commands, resolves the FIFO of waiters as replies are parsed."""
 
     def __init__(self, on_posted_failure: Callable[[str, str], None],
-                 resend: Callable[[bytes, str], None]) -> None:
+                 resend: Callable[[bytes, _Posted], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader()
         self._transport: asyncio.Transport | None = None
@@ -180,9 +198,11 @@ class _Connection(asyncio.Protocol):
         try:
             while (reply := reader.gets()) is not False:
                 waiter = pending.popleft()
-                if isinstance(waiter, tuple):
+                if isinstance(waiter, _Posted):
                     if isinstance(reply, hiredis.ReplyError):
                         self._posted_error(waiter, str(reply))
+                    else:
+                        waiter.deliver(reply)
                 elif not waiter.done():
                     waiter.set_result(reply)
         except (hiredis.ProtocolError, IndexError) as exc:  # garbage, or a reply nobody asked for
@@ -191,11 +211,12 @@ class _Connection(asyncio.Protocol):
         self.waiting_since = self._loop.time()
 
     def _posted_error(self, posted: _Posted, message: str) -> None:
-        op, retry = posted
-        if retry is not None and message.startswith(_NOSCRIPT):
-            self._resend(retry, op)
+        if posted.retry is not None and message.startswith(_NOSCRIPT):
+            retry, posted.retry = posted.retry, None
+            self._resend(_pack(retry), posted)
         else:
-            self._on_posted_failure(op, message)
+            self._on_posted_failure(posted.op, message)
+            posted.deliver(StoreUnavailable(message))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_pending(f"redis: connection lost ({exc or 'closed by the server'})")
@@ -212,8 +233,9 @@ class _Connection(asyncio.Protocol):
             self.lost.set_result(None)
         while self.pending:
             waiter = self.pending.popleft()
-            if isinstance(waiter, tuple):
-                self._on_posted_failure(waiter[0], reason)
+            if isinstance(waiter, _Posted):
+                self._on_posted_failure(waiter.op, reason)
+                waiter.deliver(StoreUnavailable(reason))
             elif not waiter.done():
                 waiter.set_exception(StoreUnavailable(reason))
 
@@ -253,13 +275,16 @@ class RespClient:
     async def post(self, op: str, *args: Arg) -> None:
         """Write one command without waiting for its reply (see the module docstring)."""
         conn = await self._ready()
-        conn.post(_pack(args), (op, None))
+        conn.post(_pack(args), _Posted(op))
 
-    async def post_evalsha(self, op: str, script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> None:
-        """`post` of a script: on NOSCRIPT it is sent again with EVAL."""
+    async def post_evalsha(self, op: str, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
+                           on_reply: Callable[[Any], None] | None = None) -> None:
+        """`post` of a script: on NOSCRIPT it is sent again with EVAL. `on_reply` (if given) gets the
+        reply when it arrives, or a `StoreUnavailable` if the call failed (also reported as a posted
+        failure); it is called from the connection's callback and must not block."""
         conn = await self._ready()
-        retry = _pack(("EVAL", script.body, len(keys), *keys, *args))
-        conn.post(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)), (op, retry))
+        conn.post(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)),
+                  _Posted(op, ("EVAL", script.body, len(keys), *keys, *args), on_reply))
 
     async def connect(self) -> None:
         """Connect now (if not connected), bounded by the connect timeout rather than `timeout_s`."""
@@ -374,12 +399,14 @@ class RespClient:
             raise
         return conn
 
-    def _resend(self, command: bytes, op: str) -> None:
+    def _resend(self, command: bytes, posted: _Posted) -> None:
         conn = self._conn
         if conn is None or conn.closed:
-            self._posted_failed(op, "redis: connection closed before a NOSCRIPT retry")
+            reason = "redis: connection closed before a NOSCRIPT retry"
+            self._posted_failed(posted.op, reason)
+            posted.deliver(StoreUnavailable(reason))
             return
-        conn.send(command, (op, None))
+        conn.send(command, posted)
 
     def _posted_failed(self, op: str, reason: str) -> None:
         self.posted_failures[op] = self.posted_failures.get(op, 0) + 1
