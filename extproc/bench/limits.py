@@ -20,11 +20,16 @@ from pathlib import Path
 from typing import Any
 
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup, wait_port
+from extproc.bench.procs import ProcessGroup, metric_sums, wait_port
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import SimPool, free_ports, launch
 from extproc.bench.stats import summarize
 from extproc.tenants import hash_key
+
+# Service metrics the limits benchmarks report (samples as /metrics exposes them).
+DEGRADED = "extproc_limits_degraded_admits"
+ADMISSION_PATHS = ('extproc_limits_admissions{path="optimistic"}', 'extproc_limits_admissions{path="awaited"}')
+OVERSHOOTS = "extproc_limits_optimistic_overshoots"
 
 POOL = SimPool("chat", "org/chat-8b", 4, aliases=("chat",))
 
@@ -69,21 +74,6 @@ def minute_usage(samples: list[Sample], started_wall: float) -> dict[int, int]:
         minute = int((started_wall + sample.start_s) // 60)
         usage[minute] = usage.get(minute, 0) + sample.prompt_tokens + sample.completion_tokens
     return usage
-
-
-async def _degraded_admits(admin_urls: list[str]) -> int:
-    """Admissions the replicas decided locally (fail-open) because Redis missed its deadline."""
-    from extproc.bench.httpclient import HttpClient
-
-    total = 0
-    async with HttpClient() as client:
-        for url in admin_urls:
-            host, port = url.removeprefix("http://").split(":")
-            response = await client.request("GET", host, int(port), "/metrics", timeout_s=5)
-            for line in response.body.decode().splitlines():
-                if line.startswith("extproc_limits_degraded_admits "):
-                    total += int(float(line.split()[1]))
-    return total
 
 
 def _light_latency(samples: list[Sample]) -> dict[str, Any]:
@@ -131,7 +121,11 @@ async def run_limits(args: argparse.Namespace) -> int:
                           seed=3, timeout_s=30),
         )
         report["cpu_seconds"] = group.cpu_seconds()
-        report["degraded_admits"] = await _degraded_admits(stack.admin_urls)
+        counts = await metric_sums(stack.admin_urls, [DEGRADED, *ADMISSION_PATHS, OVERSHOOTS])
+        report["degraded_admits"] = int(counts[DEGRADED])
+        report["admissions"] = {path: int(counts[name]) for path, name in zip(("optimistic", "awaited"),
+                                                                               ADMISSION_PATHS, strict=True)}
+        report["optimistic_overshoots"] = int(counts[OVERSHOOTS])
     usage = minute_usage(heavy, started_wall)
     # The run starts just after a minute boundary: that minute counts as whole if under a second was missed.
     first = int(started_wall // 60) if started_wall % 60 < 1.0 else math.ceil(started_wall / 60)
@@ -149,7 +143,9 @@ async def run_limits(args: argparse.Namespace) -> int:
             for i, v in enumerate(full.values())]
     print(format_table(rows, ["minute", "tokens", "share of limit"]))
     base, load = report["light_baseline"]["e2e_ms"], report["light_under_overload"]["e2e_ms"]
-    print(f"admissions decided locally while Redis missed its deadline: {report['degraded_admits']}")
+    print(f"admissions decided locally while Redis missed its deadline: {report['degraded_admits']}; "
+          f"through Redis: {report['admissions']} (optimistic ones Redis would have refused: "
+          f"{report['optimistic_overshoots']})")
     print(f"light tenants e2e p50/p99: {base['p50']}/{base['p99']} ms alone, {load['p50']}/{load['p99']} ms "
           f"with the heavy tenant; heavy: {report['heavy']}")
     path = write_json(args.json, report)

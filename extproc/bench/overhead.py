@@ -17,8 +17,9 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
-from extproc.bench.procs import ProcessGroup, cpu_seconds, self_cpu_seconds, wait_http_ok, wait_port
+from extproc.bench.procs import ProcessGroup, cpu_seconds, metric_sums, self_cpu_seconds, wait_http_ok, wait_port
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import PYTHON, free_ports
 from extproc.bench.stats import summarize
@@ -167,6 +168,11 @@ async def run_overhead(args: argparse.Namespace) -> int:
                               zip(("service", "envoy", "client"), after, before, strict=True)},
             }
         report["max_throughput"] = maximum
+        if args.store == "redis":
+            counts = await metric_sums([f"http://127.0.0.1:{admin_port}"], [*ADMISSION_PATHS, DEGRADED])
+            report["admissions"] = {path: int(counts[name]) for path, name in zip(("optimistic", "awaited"),
+                                                                                  ADMISSION_PATHS, strict=True)}
+            report["degraded_admits"] = int(counts[DEGRADED])
     rows = [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
              "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
              "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
@@ -174,6 +180,9 @@ async def run_overhead(args: argparse.Namespace) -> int:
     print(f"[store: {args.store}] added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, "
           f"p99 {added.get('p99')} ms; "
           f"service CPU {report['service_cpu_us_per_request']} us/request")
+    if "admissions" in report:
+        print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
+              f"{report['degraded_admits']}")
     path = write_json(args.json, report)
     print(f"report written to {path}")
     errors = sum(sum(v["errors"].values()) for v in fixed.values())

@@ -280,3 +280,22 @@ class ProcessGroup:
         except BaseException:
             self.kill_all_now()
             raise
+
+
+async def metric_sums(admin_urls: Sequence[str], names: Sequence[str]) -> dict[str, float]:
+    """Each Prometheus sample name in `names` (with labels as exposed, e.g. 'x{path="a"}') summed over
+    the services' /metrics; absent samples are 0. Unreachable services count nothing."""
+    sums = dict.fromkeys(names, 0.0)
+    async with HttpClient() as client:
+        for url in admin_urls:
+            parts = urlsplit(url)
+            try:
+                response = await client.request("GET", parts.hostname or "127.0.0.1", parts.port or 80, "/metrics",
+                                                timeout_s=5)
+            except RequestError:
+                continue
+            for line in response.body.decode("utf-8", "replace").splitlines():
+                name, _, value = line.rpartition(" ")
+                if name in sums:
+                    sums[name] += float(value)
+    return sums

@@ -69,6 +69,13 @@ class GatewayMetrics:
         self.store_replayed_tokens = Gauge(
             "extproc_limits_replayed_tokens", "Tokens admitted locally during fail-open and added to the shared "
             "store's windows once it answered again, so far", registry=registry)
+        self.store_admissions = Gauge(
+            "extproc_limits_admissions", "Admissions through the shared store so far, by path: optimistic (taken "
+            "while its last replies left room, not waiting) or awaited (decided by the store)", ["path"],
+            registry=registry)
+        self.store_overshoots = Gauge(
+            "extproc_limits_optimistic_overshoots", "Optimistic admissions the shared store would have refused "
+            "(over a limit by at most that request) so far", registry=registry)
         self.store_primary_failures = Gauge(
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)

@@ -69,6 +69,8 @@ The policy file as the service reads it: .Values.policy plus what a pod needs.
   its listener to 0.0.0.0.
 - a Redis from the chart (redis.enabled / url / existingSecret, as EXTPROC_REDIS_URL) makes limits.store
   default to redis; limits.store redis with no URL anywhere is refused.
+- with Redis, limits.replicas (each replica's share when deciding alone: fail-open, optimistic
+  admission) defaults to replicaCount, or autoscaling.maxReplicas when the HPA owns the count.
 - a tenants Secret makes auth.keys_file default to <tenants.mountPath>/<tenants.keysFile>.
 Defaults below are the policy schema's (extproc/config/schema.py); tests/helm checks they agree.
 */}}
@@ -101,6 +103,11 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- end -}}
 {{- if and (eq (get $limits "store" | default "memory") "redis") (not $redisConfigured) (not (get $limits "redis_url")) -}}
 {{- fail "policy.limits.store is redis but no Redis is configured: set redis.enabled, redis.url, redis.existingSecret or policy.limits.redis_url" -}}
+{{- end -}}
+{{- if and (eq (get $limits "store" | default "memory") "redis") (not (get $limits "replicas")) -}}
+{{- $replicas := ternary .Values.autoscaling.maxReplicas .Values.replicaCount .Values.autoscaling.enabled -}}
+{{- $_ := set $limits "replicas" (int $replicas) -}}
+{{- $_ := set $policy "limits" $limits -}}
 {{- end -}}
 {{- if include "extproc.tenantsSecret" . -}}
 {{- $auth := get $policy "auth" | default dict -}}

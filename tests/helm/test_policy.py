@@ -133,3 +133,15 @@ def test_inline_tenants_roll_pods_too(chart: Chart) -> None:
         return value
 
     assert tenants_checksum("a") != tenants_checksum("b")
+
+
+@pytest.mark.parametrize(("values", "replicas"), [
+    ({"redis": {"enabled": True}}, 10),  # the HPA may scale to maxReplicas: the smallest share
+    ({"redis": {"enabled": True}, "autoscaling": {"enabled": False}, "replicaCount": 3}, 3),
+    ({"redis": {"enabled": True}, "policy": {"limits": {"replicas": 7}}}, 7),
+    ({}, None),  # memory store: every replica has its own limits, no share to set
+])
+def test_redis_limits_know_how_many_replicas_share_them(chart: Chart, values: dict[str, Any],
+                                                       replicas: int | None) -> None:
+    policy = parse_policy(policy_text(chart.template({"mode": "standalone", **values})))
+    assert policy.limits.replicas == replicas

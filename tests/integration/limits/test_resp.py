@@ -204,3 +204,40 @@ async def test_a_stalled_connection_is_dropped_when_a_caller_gives_up(redis_serv
     finally:
         await resp.close()
         await staller.aclose()
+
+
+async def test_a_posted_script_delivers_its_reply_or_its_failure(servers: Callable[..., RedisServer]) -> None:
+    server = servers()
+    replies: list[object] = []
+    resp = client(server.url)
+    raw = Redis.from_url(server.url)
+    staller = Redis.from_url(server.url)
+
+    def explode(reply: object) -> None:
+        raise RuntimeError("a broken callback")
+
+    try:
+        await resp.post_evalsha("echo", ECHO, ["k"], ["v"], on_reply=replies.append)
+        await resp.post_evalsha("echo", ECHO, ["x"], ["y"], on_reply=explode)  # logged, the FIFO goes on
+        await resp.call("PING")
+        await raw.script_flush()
+        await resp.post_evalsha("echo", ECHO, ["k2"], ["v2"], on_reply=replies.append)  # NOSCRIPT, then EVAL
+        await resp.call("PING")
+        await resp.call("PING")
+        assert replies == [[b"k", b"v"], [b"k2", b"v2"]]
+        stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
+        await asyncio.sleep(0.05)
+        await resp.post_evalsha("echo", ECHO, ["k3"], ["v3"], on_reply=replies.append)
+        await asyncio.sleep(0.05)
+        server.kill()
+        for _ in range(100):
+            if len(replies) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert isinstance(replies[2], StoreUnavailable) and resp.posted_failures == {"echo": 1}
+        stall.cancel()
+        await asyncio.gather(stall, return_exceptions=True)
+    finally:
+        await resp.close()
+        await raw.aclose()
+        await staller.aclose()

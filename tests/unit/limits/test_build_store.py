@@ -37,3 +37,25 @@ async def test_redis_behind_a_failover_with_this_replicas_share(monkeypatch: pyt
         assert not (await store.admit(AdmitRequest("b", 1_699_920_000.0, 1, budgets=(budget,)))).admitted
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(("limits", "endpoints", "share"), [
+    ({}, ["127.0.0.1:1001", "127.0.0.1:1002"], 0.5),  # one share per ext_proc endpoint
+    ({"replicas": 4}, ["127.0.0.1:1001"], 0.25),  # replicas given (e.g. a Deployment behind one Service)
+    ({"optimistic_admission": False}, [], None),
+])
+async def test_optimistic_admission_by_default_with_this_replicas_share(
+        monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], endpoints: list[str], share: float | None) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    text = policy({"store": "redis", "redis_url": "redis://127.0.0.1:1/0", "optimistic_max_age_ms": 250, **limits},
+                  endpoints)
+    store, redis = build_store(parse_policy(text, "p.yaml"))
+    try:
+        assert redis is not None
+        if share is None:
+            assert redis.headroom is None
+        else:
+            assert redis.headroom is not None
+            assert (redis.headroom.share, redis.headroom.max_age_s) == (share, 0.25)
+    finally:
+        await store.close()
