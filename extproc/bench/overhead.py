@@ -49,6 +49,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="limits admission on every request through this store (default none: no limits); "
                              "redis starts a redis-server; compare runs to see the store's cost")
     parser.add_argument("--redis-server", default="redis-server", help="redis-server binary (with --store redis)")
+    parser.add_argument("--optimistic", choices=["on", "off"], default="on",
+                        help="with --store redis: limits.optimistic_admission (default on; off = every admission "
+                             "waits for Redis)")
 
 
 def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -103,7 +106,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
     if args.store != "none":  # every dimension checked, never refusing: the cost of admission itself
         policy_doc["tiers"] = {"default": {"limits": {"requests_per_s": 1e6, "concurrency": 100_000,
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
-        policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0"}
+        policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+                                "optimistic_admission": args.optimistic == "on"}
     workdir.mkdir(parents=True, exist_ok=True)
     policy_path = workdir / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy_doc))
@@ -111,8 +115,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
     envoy_config = workdir / "envoy.yaml"
     envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
     variants = {"with_extproc": gw_port, "envoy_only": bare_port}
-    report: dict[str, Any] = {"store": args.store, "rate": args.rate, "duration_s": args.duration,
-                              "rounds": args.rounds,
+    report: dict[str, Any] = {"store": args.store, "optimistic": args.optimistic, "rate": args.rate,
+                              "duration_s": args.duration, "rounds": args.rounds,
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
         if args.store == "redis":
