@@ -117,6 +117,8 @@ class RedisStore:
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
         self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call
         self.headroom = headroom
+        self.optimistic_total = 0  # admissions sent without waiting (headroom)
+        self.awaited_total = 0  # admissions that waited for Redis's decision
 
     @property
     def cancelling(self) -> int:
@@ -157,9 +159,11 @@ class RedisStore:
         keys.append(self._tombstone(request))
         headroom = self.headroom
         if headroom is None:
+            self.awaited_total += 1
             return await self._admit(request, keys, args)
         seq, optimistic = headroom.take(request)
         if optimistic is None:
+            self.awaited_total += 1
             try:
                 result = await self._admit(request, keys, args)
             except BaseException:
@@ -168,6 +172,7 @@ class RedisStore:
             headroom.replied(request, seq, result.states if result.refused_by != CANCELLED else None)
             return result
         args[7] = "1"  # force: the request is admitted already
+        self.optimistic_total += 1
         try:
             await self._client.post_evalsha("admit", self.ADMIT, keys, args,
                                             on_reply=partial(self._forced_reply, headroom, request, seq))

@@ -150,11 +150,12 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_degraded_admits.set_function(lambda: float(failover.degraded_admits_total))
         metrics.store_primary_failures.set_function(lambda: float(failover.failures_total))
         metrics.store_replayed_tokens.set_function(lambda: float(failover.replayed_tokens_total))
-    if redis is not None and redis.headroom is not None:
-        headroom = redis.headroom
-        metrics.store_admissions.labels("optimistic").set_function(lambda: float(headroom.optimistic_total))
-        metrics.store_admissions.labels("awaited").set_function(lambda: float(headroom.awaited_total))
-        metrics.store_overshoots.set_function(lambda: float(headroom.overshoots_total))
+    if redis is not None:
+        shared = redis
+        metrics.store_admissions.labels("optimistic").set_function(lambda: float(shared.optimistic_total))
+        metrics.store_admissions.labels("awaited").set_function(lambda: float(shared.awaited_total))
+        metrics.store_overshoots.set_function(
+            lambda: float(shared.headroom.overshoots_total if shared.headroom is not None else 0))
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts), access_log=None
     )
