@@ -12,6 +12,7 @@ from extproc.limits.types import (
     RateLimit,
     Reservation,
     Store,
+    StoreTimeout,
     StoreUnavailable,
     TokenBudget,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "RedisStore",
     "Reservation",
     "Store",
+    "StoreTimeout",
     "StoreUnavailable",
     "TokenBudget",
     "hash_tag",

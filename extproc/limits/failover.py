@@ -12,7 +12,11 @@ iteration where the deadline passes is not thrown away). On `StoreUnavailable` o
     admission in that window) minus the tokens admitted locally since (`Reports`);
   - "fail-closed": refused with refused_by="store_unavailable" and `retry_after_s`.
 After a failure the primary is marked down and not asked again until `probe_backoff_s` has passed;
-then one admission probes it (others keep using the policy meanwhile) and success marks it up.
+then one admission probes it (others keep using the policy meanwhile) and success marks it up. A late
+reply (`StoreTimeout`, or the deadline here) marks it down only after `down_after_timeouts` in a row:
+an isolated slow reply (a scheduling hiccup on a busy node) has that one admission decided by the
+policy, the next ones ask the primary again. Any other failure (refused connection, lost connection,
+server error) marks it down at once.
 One log line per change of state (down / up); `failures_total` counts every failed primary call.
 
 Reservations remember where they were admitted: release/settle of a fallback admission go to the
@@ -48,6 +52,7 @@ from extproc.limits.types import (
     ChargeableStore,
     Reservation,
     Store,
+    StoreTimeout,
     StoreUnavailable,
     WindowCharge,
 )
@@ -133,13 +138,17 @@ class Reports:
 class FailoverStore:
     def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, deadline_ms: float | None = 5.0,
                  retry_after_s: float = 1.0, *, fallback_share: float = 1.0, probe_backoff_s: float = 1.0,
-                 cleanup_deadline_ms: float | None = 50.0, clock: Callable[[], float] = time.monotonic,
-                 logger: logging.Logger | None = None) -> None:
+                 cleanup_deadline_ms: float | None = 50.0, down_after_timeouts: int = 3,
+                 clock: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
         if policy not in ("fail-open", "fail-closed"):
             raise ValueError(f"unknown store failure policy {policy!r}")
         if not 0.0 < fallback_share <= 1.0:
             raise ValueError(f"fallback_share must be in (0, 1], got {fallback_share}")
+        if down_after_timeouts < 1:
+            raise ValueError(f"down_after_timeouts must be >= 1, got {down_after_timeouts}")
         self._share = fallback_share
+        self._down_after_timeouts = down_after_timeouts
+        self._timeouts_in_a_row = 0
         self.policy: Policy = policy
         self.failures_total = 0  # failed primary calls (admit, release, settle)
         self.degraded_admits_total = 0  # admissions decided by the policy instead of the primary
@@ -171,7 +180,14 @@ class FailoverStore:
             try:
                 async with asyncio.timeout(self._deadline_s):
                     result = await self._primary.admit(request)
-            except (StoreUnavailable, TimeoutError) as exc:
+            except (StoreTimeout, TimeoutError) as exc:
+                self._timeouts_in_a_row += 1
+                if self._timeouts_in_a_row >= self._down_after_timeouts or not self.primary_up:
+                    self._failed("admit", exc)
+                else:
+                    self.failures_total += 1
+                    self._log.debug("limits store late (%s in a row): %s", self._timeouts_in_a_row, exc)
+            except StoreUnavailable as exc:
                 self._failed("admit", exc)
             else:
                 self._succeeded(request.now)
@@ -251,6 +267,7 @@ class FailoverStore:
             self._log.debug("limits store still down (%s failed: %s)", call, exc)
 
     def _succeeded(self, now: float) -> None:
+        self._timeouts_in_a_row = 0
         if self._down_since is not None:
             self._log.warning("limits store up again after %.1fs", self._clock() - self._down_since)
             self._down_since = None

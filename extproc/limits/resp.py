@@ -44,7 +44,7 @@ from urllib.parse import unquote, urlsplit
 
 import hiredis
 
-from extproc.limits.types import StoreUnavailable
+from extproc.limits.types import StoreTimeout, StoreUnavailable
 
 __all__ = ["Address", "RespClient", "Script"]
 
@@ -328,7 +328,7 @@ class RespClient:
             reply = await waiter
         except _Expired:
             self._drop_if_stale(conn)
-            raise StoreUnavailable(f"redis: no reply within {timeout_s * 1000:g} ms") from None
+            raise StoreTimeout(f"redis: no reply within {timeout_s * 1000:g} ms") from None
         except asyncio.CancelledError:
             self._drop_if_stale(conn)
             raise

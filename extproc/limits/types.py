@@ -103,6 +103,10 @@ class StoreUnavailable(Exception):
     """The store could not answer within its deadline (Redis down or slow)."""
 
 
+class StoreTimeout(StoreUnavailable):
+    """The store is connected but its reply did not come within the deadline (slow, maybe only once)."""
+
+
 class Store(Protocol):
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         """All-or-nothing: either every dimension admits (and leases + reservations are taken), or none

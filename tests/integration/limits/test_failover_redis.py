@@ -42,7 +42,9 @@ def reservation(rid: str) -> Reservation:
 def failover(server: RedisServer, policy: Policy) -> tuple[FailoverStore, MemoryStore]:
     fallback = MemoryStore()
     primary = RedisStore(server.url, timeout_ms=500)
-    return FailoverStore(primary, fallback, policy, deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S), fallback
+    # down at the first late reply (the default waits for three in a row: tests/unit/limits/test_failover.py)
+    return FailoverStore(primary, fallback, policy, deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S,
+                         down_after_timeouts=1), fallback
 
 
 async def timed(store: FailoverStore, rid: str) -> tuple[bool, str | None, float]:

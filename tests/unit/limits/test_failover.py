@@ -128,12 +128,31 @@ async def test_probe_after_backoff_and_recover(caplog: pytest.LogCaptureFixture)
                                                                        ["limits", "store", "up", "again"]]
 
 
-async def test_a_hung_primary_is_abandoned_at_the_deadline() -> None:
+async def test_a_hung_primary_is_abandoned_at_the_deadline_and_marked_down_after_three_in_a_row() -> None:
     store, primary, _, _ = make("fail-closed")
     primary.mode = "hung"
-    started = time.monotonic()
-    result = await store.admit(req("a"))
-    assert result.refused_by == "store_unavailable" and time.monotonic() - started < 1.0
+    for rid in ("a", "b", "c"):
+        started = time.monotonic()
+        result = await store.admit(req(rid))
+        assert result.refused_by == "store_unavailable" and time.monotonic() - started < 1.0
+        assert store.primary_up == (rid != "c")
+    await store.admit(req("d"))
+    assert primary.calls == ["admit a", "admit b", "admit c"] and store.failures_total == 3
+
+
+async def test_an_isolated_late_reply_does_not_mark_the_primary_down() -> None:
+    store, primary, _, _ = make()
+    for rid in ("a", "b", "c", "d"):  # late, late, answers, late: never three in a row
+        primary.mode = "up" if rid == "c" else "hung"
+        assert (await store.admit(AdmitRequest(rid, T0, 10, budgets=(TPM,)))).admitted
+    assert store.primary_up and store.failures_total == 3 and store.degraded_admits_total == 3
+    assert primary.calls == ["admit a", "admit b", "admit c", "admit d"]
+
+
+async def test_a_refused_connection_marks_the_primary_down_at_once() -> None:
+    store, primary, _, _ = make()
+    primary.mode = "down"
+    await store.admit(req("a"))
     assert not store.primary_up
 
 
