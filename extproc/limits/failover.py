@@ -13,9 +13,10 @@ iteration where the deadline passes is not thrown away). On `StoreUnavailable` o
   - "fail-closed": refused with refused_by="store_unavailable" and `retry_after_s`.
 After a failure the primary is marked down and not asked again until `probe_backoff_s` has passed;
 then one admission probes it (others keep using the policy meanwhile) and success marks it up. A late
-reply (`StoreTimeout`, or the deadline here) marks it down only after `down_after_timeouts` in a row:
-an isolated slow reply (a scheduling hiccup on a busy node) has that one admission decided by the
-policy, the next ones ask the primary again. Any other failure (refused connection, lost connection,
+reply (`StoreTimeout`, or the deadline here) marks it down only after `down_after_timeouts` in a row
+spanning at least `down_after_s`: late replies around a scheduling hiccup on a busy node (several
+admissions in flight time out together) have those admissions decided by the policy, and the next ones
+ask the primary again. Any other failure (refused connection, lost connection,
 server error) marks it down at once.
 One log line per change of state (down / up); `failures_total` counts every failed primary call.
 
@@ -138,7 +139,7 @@ class Reports:
 class FailoverStore:
     def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, deadline_ms: float | None = 5.0,
                  retry_after_s: float = 1.0, *, fallback_share: float = 1.0, probe_backoff_s: float = 1.0,
-                 cleanup_deadline_ms: float | None = 50.0, down_after_timeouts: int = 3,
+                 cleanup_deadline_ms: float | None = 50.0, down_after_timeouts: int = 3, down_after_s: float = 0.1,
                  clock: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
         if policy not in ("fail-open", "fail-closed"):
             raise ValueError(f"unknown store failure policy {policy!r}")
@@ -148,7 +149,9 @@ class FailoverStore:
             raise ValueError(f"down_after_timeouts must be >= 1, got {down_after_timeouts}")
         self._share = fallback_share
         self._down_after_timeouts = down_after_timeouts
+        self._down_after_s = down_after_s
         self._timeouts_in_a_row = 0
+        self._late_since = 0.0  # clock of the first late reply in a row
         self.policy: Policy = policy
         self.failures_total = 0  # failed primary calls (admit, release, settle)
         self.degraded_admits_total = 0  # admissions decided by the policy instead of the primary
@@ -182,7 +185,10 @@ class FailoverStore:
                     result = await self._primary.admit(request)
             except (StoreTimeout, TimeoutError) as exc:
                 self._timeouts_in_a_row += 1
-                if self._timeouts_in_a_row >= self._down_after_timeouts or not self.primary_up:
+                if self._timeouts_in_a_row == 1:
+                    self._late_since = self._clock()
+                if not self.primary_up or (self._timeouts_in_a_row >= self._down_after_timeouts
+                                           and self._clock() - self._late_since >= self._down_after_s):
                     self._failed("admit", exc)
                 else:
                     self.failures_total += 1

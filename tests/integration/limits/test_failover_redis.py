@@ -44,7 +44,7 @@ def failover(server: RedisServer, policy: Policy) -> tuple[FailoverStore, Memory
     primary = RedisStore(server.url, timeout_ms=500)
     # down at the first late reply (the default waits for three in a row: tests/unit/limits/test_failover.py)
     return FailoverStore(primary, fallback, policy, deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S,
-                         down_after_timeouts=1), fallback
+                         down_after_timeouts=1, down_after_s=0.0), fallback
 
 
 async def timed(store: FailoverStore, rid: str) -> tuple[bool, str | None, float]:
