@@ -1,4 +1,5 @@
-"""Tenancy and limits through real Envoy + service + simulator (memory store, one service process)."""
+"""Tenancy and limits through real Envoy + service + simulator (one service process), with the memory store
+and with Redis (optimistic admission on, its default)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from redis.asyncio import Redis
 
 from extproc.bench.loadgen import RequestSpec, run_open_loop
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
 from extproc.tenants import hash_key
+from tests.integration.limits.redis_server import RedisServer
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -37,11 +40,28 @@ def keys_file() -> str:
     ]})
 
 
+REDIS_DB = 5  # the session's redis-server is shared: this module's limits keys live in their own database
+
+
+@pytest.fixture(scope="module", params=["memory", "redis"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """The limits store of the stack: None (memory) or a Redis URL."""
+    if request.param == "memory":
+        return None
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return f"redis://127.0.0.1:{server.port}/{REDIS_DB}"
+
+
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+async def stack(tmp_path_factory: pytest.TempPathFactory, store_url: str | None) -> AsyncIterator[Stack]:
     workdir: Path = tmp_path_factory.mktemp("limits")
     workdir.joinpath("keys.yaml").write_text(keys_file())
-    policy = {"auth": {"mode": "api-key", "keys_file": str(workdir / "keys.yaml")}}
+    policy: dict[str, Any] = {"auth": {"mode": "api-key", "keys_file": str(workdir / "keys.yaml")}}
+    if store_url is not None:
+        redis = Redis.from_url(store_url)
+        await redis.flushdb()
+        await redis.aclose()
+        policy["limits"] = {"store": "redis", "redis_url": store_url}
     async with ProcessGroup(workdir / "logs") as group:
         yield await launch(group, workdir, [POOL], extra_policy=policy, sim_args=["--profile", "fast"])
 
@@ -117,7 +137,8 @@ async def test_concurrency_limit_and_release(stack: Stack, http: aiohttp.ClientS
     assert status == 200
 
 
-async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack: Stack) -> None:
+async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack: Stack,
+                                                                           store_url: str | None) -> None:
     rng = random.Random(7)
     aborts = [rng.random() < 0.3 for _ in range(1000)]
     payloads = [json.dumps(body(max_tokens=rng.randint(20, 120), stream=rng.random() < 0.5)).encode()
@@ -156,3 +177,27 @@ async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack
                 break
             await asyncio.sleep(0.1)
     assert in_flight == 0
+    if store_url is not None:  # and Redis holds no lease of anyone
+        redis = Redis.from_url(store_url)
+        try:
+            leases = -1
+            for _ in range(30):
+                lease_sets = [key async for key in redis.scan_iter(match="*:cc")]  # empty sets vanish
+                leases = sum([await redis.zcard(key) for key in lease_sets])
+                if leases == 0:
+                    break
+                await asyncio.sleep(0.1)
+            assert leases == 0
+            admissions = await metric_value(stack.admin_url, 'extproc_limits_admissions{path="optimistic"}')
+            assert admissions > 500  # the leases were Redis's, and most admissions did not wait for it
+        finally:
+            await redis.aclose()
+
+
+async def metric_value(admin_url: str, sample: str) -> float:
+    async with aiohttp.ClientSession() as session, session.get(f"{admin_url}/metrics") as response:
+        for line in (await response.text()).splitlines():
+            name, _, value = line.rpartition(" ")
+            if name == sample:
+                return float(value)
+    raise AssertionError(f"{sample} not exported")
