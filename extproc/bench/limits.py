@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup, metric_sums, wait_port
+from extproc.bench.procs import ProcessGroup, metric_sums, start_redis
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import SimPool, free_ports, launch
 from extproc.bench.stats import summarize
@@ -96,9 +96,7 @@ async def run_limits(args: argparse.Namespace) -> int:
                               "overload": args.overload, "heavy_rate_rps": round(heavy_rate, 2),
                               "duration_s": args.duration, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
-        redis = await group.start("redis", [args.redis_server, "--bind", "127.0.0.1", "--port", str(redis_port),
-                                            "--save", "", "--appendonly", "no"])
-        await wait_port("127.0.0.1", redis_port, 10, child=redis)
+        await start_redis(group, redis_port, args.redis_server)
         stack = await launch(group, workdir, [POOL], extra_policy=policy, sim_args=["--profile", "fast"],
                              service_replicas=args.replicas)
         port = stack.envoy_port

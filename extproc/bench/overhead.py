@@ -19,7 +19,15 @@ import yaml
 
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
-from extproc.bench.procs import ProcessGroup, cpu_seconds, metric_sums, self_cpu_seconds, wait_http_ok, wait_port
+from extproc.bench.procs import (
+    ProcessGroup,
+    cpu_seconds,
+    metric_sums,
+    self_cpu_seconds,
+    start_redis,
+    wait_http_ok,
+    wait_port,
+)
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import PYTHON, free_ports
 from extproc.bench.stats import summarize
@@ -120,9 +128,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
         if args.store == "redis":
-            redis = await group.start("redis", [args.redis_server, "--bind", "127.0.0.1", "--port", str(redis_port),
-                                                "--save", "", "--appendonly", "no"])
-            await wait_port("127.0.0.1", redis_port, 10, child=redis)
+            await start_redis(group, redis_port, args.redis_server)
         service = await group.start("service", [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
                                                 "--config", str(policy_path)])
         await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=service)

@@ -35,10 +35,10 @@ from typing import Any
 
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup
+from extproc.bench.procs import ProcessGroup, start_redis
 from extproc.bench.report import ProgressPrinter, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
-from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
+from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import percentiles
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
@@ -105,13 +105,18 @@ def jain(values: Sequence[float]) -> float | None:
     return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
-def _policy(flow: bool) -> dict[str, Any]:
-    return {
+def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None = None) -> dict[str, Any]:
+    policy: dict[str, Any] = {
         "auth": {"mode": "trusted-header"},
         "tiers": {"default": {}, "gold": {"priority": "critical"}, "standard": {"priority": "standard"},
                   "batch": {"priority": "sheddable"}},
         "flow_control": {"enabled": flow},
     }
+    if redis_url is not None:  # several replicas: the shared store, through which they sync their in-flight
+        policy["limits"] = {"store": "redis", "redis_url": redis_url}
+    if fleet_sync_ms is not None:
+        policy["flow_control"]["fleet_sync_ms"] = fleet_sync_ms
+    return policy
 
 
 def _spec_factory(seed: int, envoy_only: bool) -> Callable[[int], RequestSpec]:
@@ -188,10 +193,15 @@ def fairness(samples: Sequence[Sample], window_s: float, klass: str = "standard"
 
 
 async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: int, sim_args: Sequence[str],
-                 replicas: int) -> Stack:
+                 replicas: int, fleet_sync_ms: int | None = None) -> Stack:
     pools = [SimPool("chat", MODEL, endpoints)]
     envoy_only = strategy in ENVOY_STRATEGIES
-    stack = prepare(workdir, pools, extra_policy=_policy(strategy.endswith("+flow")),
+    redis_url = None
+    if replicas > 1 and not envoy_only:
+        port = free_ports(1)[0]
+        await start_redis(group, port)
+        redis_url = f"redis://127.0.0.1:{port}/0"
+    stack = prepare(workdir, pools, extra_policy=_policy(strategy.endswith("+flow"), redis_url, fleet_sync_ms),
                     service_replicas=1 if envoy_only else replicas)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
     if envoy_only:
@@ -231,7 +241,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
                     sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
     rate = load * capacity
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
-        stack = await _start(group, workdir, strategy, endpoints, sim_args, args.replicas)
+        stack = await _start(group, workdir, strategy, endpoints, sim_args, args.replicas, args.fleet_sync_ms)
         specs = _spec_factory(args.seed, strategy in ENVOY_STRATEGIES)
         warm = await run_open_loop("127.0.0.1", stack.envoy_port, lambda i: specs(1_000_000 + i),
                                    rate=WARMUP_LOAD * capacity, duration_s=args.warmup, seed=args.seed + 7,

@@ -299,3 +299,11 @@ async def metric_sums(admin_urls: Sequence[str], names: Sequence[str]) -> dict[s
                 if name in sums:
                     sums[name] += float(value)
     return sums
+
+
+async def start_redis(group: ProcessGroup, port: int, binary: str = "redis-server") -> Child:
+    """A throwaway redis-server on 127.0.0.1:`port` (no persistence), ready to take connections."""
+    child = await group.start("redis", [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "",
+                                        "--appendonly", "no"])
+    await wait_port("127.0.0.1", port, 10, child=child)
+    return child

@@ -121,6 +121,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=5.0,
                         help="seconds of the same load before each measured run, not counted (default 5)")
     parser.add_argument("--replicas", type=int, default=1, help="service processes behind Envoy (default 1)")
+    parser.add_argument("--fleet-sync-ms", type=int, default=None,
+                        help="overload with --replicas > 1 (they share a redis-server): "
+                             "flow_control.fleet_sync_ms (default: the policy's, 20; 0 = off)")
     parser.add_argument("--endpoints", type=int, default=None,
                         help="simulated vLLM replicas in total (default 8; overload: 4)")
     parser.add_argument("--loads", default=None,

@@ -41,6 +41,7 @@ class Endpoint:
     scrape_failures: int = 0  # consecutive failed scrapes
     latency_ewma_s: float | None = None  # time from routing to response headers
     in_flight_at_scrape: int = 0  # in_flight when `metrics` was fetched (flow control's since-scrape delta)
+    others_in_flight: int = 0  # other service replicas' in-flight requests here (extproc.server.fleet)
     # Requests running the last time the engine was seen full (some waiting), and when (scrape clock).
     batch_capacity: float = 0.0
     batch_capacity_at: float = 0.0

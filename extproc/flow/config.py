@@ -73,6 +73,9 @@ class FlowControlConfig(_Strict):
     max_queued: int = Field(default=1000, ge=1, le=1_000_000, description="queued requests per pool, all classes")
     retry_after_s: float = Field(default=1.0, ge=0.0, description="Retry-After on rejections")
     saturation: SaturationConfig = SaturationConfig()
+    # With limits.store redis: how often service replicas exchange their in-flight counts per endpoint
+    # through Redis, so each sees the others' sends between scrapes (0 = never; needs a restart).
+    fleet_sync_ms: int = Field(default=20, ge=0, le=10_000)
 
     @field_validator("classes")
     @classmethod

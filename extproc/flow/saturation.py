@@ -7,8 +7,9 @@ with reserve r has room for `floor(capacity x (1 - r)) - load` more (the top cla
 lower classes leave slots free so it starts at once). When the batch was limited by the KV cache
 (half full or more when seen full), the estimate grows by one slot per `capacity_ttl_s` without the
 engine being seen full again, so a capacity that grew is found; the next time requests wait it resets
-to what runs then. A batch limited by max_num_seqs is fixed. The load is never taken below what this
-process alone has in flight on the endpoint. Without a learned capacity (never seen full), room is
+to what runs then. A batch limited by max_num_seqs is fixed. The load is never taken below what the
+service replicas have in flight on the endpoint (this process's own count, plus the other replicas' as
+last synced through Redis: `extproc.server.fleet`). Without a learned capacity (never seen full), room is
 `max_waiting - vLLM's queue`: letting a small queue form is how it is learned. A KV cache past
 `max_kv_utilization` has no room. An endpoint without fresh metrics (never scraped, or older than
 `stale_after_ms`) has unlimited room: missing data never stalls traffic; it is counted instead.
@@ -54,9 +55,10 @@ def endpoint_room(endpoint: Endpoint, now: float, config: SaturationConfig, rese
             # The KV cache, not max_num_seqs, limited the batch: probe one more slot per
             # capacity_ttl_s (a full engine resets the estimate to what runs then).
             capacity += math.floor(max(0.0, now - endpoint.batch_capacity_at) / config.capacity_ttl_s)
-        # What this process alone has in flight there is a floor on the load: it covers requests that
-        # finished inside vLLM but whose streams are still closing (counted twice otherwise).
-        load = max(metrics.running + metrics.waiting + sent_since, endpoint.in_flight)
+        # What the service replicas have in flight there (this one's, plus the others' as last synced
+        # through Redis) is a floor on the load: it covers requests that finished inside vLLM but whose
+        # streams are still closing (counted twice otherwise), and the other replicas' sends since the scrape.
+        load = max(metrics.running + metrics.waiting + sent_since, endpoint.in_flight + endpoint.others_in_flight)
         return max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - load)
     queue = max(0.0, metrics.waiting + sent_since)
     return max(0.0, config.max_waiting - queue)

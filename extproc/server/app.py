@@ -28,10 +28,11 @@ from extproc.limits.types import Store, StoreUnavailable
 from extproc.rollout.controller import Rollouts
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
+from extproc.server.fleet import FleetSync
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
-from extproc.server.stores import build_store
+from extproc.server.stores import build_fleet_sync, build_store
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
@@ -66,6 +67,7 @@ class Service:
     rollouts: Rollouts
     policy_watcher: PolicyWatcher | None
     discovery: DnsDiscoverer
+    fleet: FleetSync | None = None
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -81,6 +83,8 @@ class Service:
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         self.discovery.configure(self.snapshots.current.policy.pools)
         await self.scraper.start()
+        if self.fleet is not None:
+            await self.fleet.start()
         await self.keys_watcher.start()
         await self.rollouts.start()
         if self.policy_watcher is not None:
@@ -108,6 +112,8 @@ class Service:
             await asyncio.sleep(drain_delay_s)
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
+        if self.fleet is not None:
+            await self.fleet.stop()
         await self.discovery.stop()
         await self.keys_watcher.stop()
         await self.rollouts.stop()
@@ -144,6 +150,10 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
+    service.fleet = fleet = build_fleet_sync(policy, endpoints, gateway.flow.kick_all)
+    if fleet is not None:
+        metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))
+        metrics.fleet_sync_failures.set_function(lambda: float(fleet.failures_total))
     if isinstance(store, FailoverStore):
         failover = store
         metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)

@@ -1,17 +1,26 @@
-"""Build the limit store a policy asks for: memory, or Redis with a failure policy."""
+"""Build the limit store a policy asks for (memory, or Redis with a failure policy), and the replicas'
+in-flight exchange through the same Redis."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from extproc.config import Policy
+from extproc.endpoints import EndpointRegistry
 from extproc.limits.failover import FailoverStore
 from extproc.limits.headroom import Headroom
 from extproc.limits.memory import MemoryStore
 from extproc.limits.redis_store import RedisStore
+from extproc.limits.resp import Address, RespClient
 from extproc.limits.types import Store
+from extproc.server.fleet import FleetSync
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
+
+
+def _redis_url(policy: Policy) -> str | None:
+    return os.environ.get(REDIS_URL_ENV) or policy.limits.redis_url
 
 
 def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
@@ -23,7 +32,7 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     limits = policy.limits
     if limits.store == "memory":
         return MemoryStore(), None
-    url = os.environ.get(REDIS_URL_ENV) or limits.redis_url
+    url = _redis_url(policy)
     if not url:
         raise ValueError(f"limits.store is redis but neither limits.redis_url nor ${REDIS_URL_ENV} is set")
     replicas = limits.replicas or max(1, len(policy.envoy.extproc_endpoints))
@@ -37,3 +46,14 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
                           cleanup_deadline_ms=None, fallback_share=1.0 / replicas)
     redis.on_posted_failure = store.record_failure
     return store, redis
+
+
+def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Callable[[], None]) -> FleetSync | None:
+    """The in-flight exchange between service replicas (flow control), when Redis is the limits store."""
+    flow = policy.flow_control
+    url = _redis_url(policy)
+    if policy.limits.store != "redis" or not url or not flow.enabled or flow.fleet_sync_ms <= 0:
+        return None
+    interval_s = flow.fleet_sync_ms / 1000.0
+    client = RespClient(Address.from_url(url), timeout_s=max(0.05, interval_s), scripts=FleetSync.SCRIPTS)
+    return FleetSync(client, endpoints, interval_s, on_sync=on_sync)

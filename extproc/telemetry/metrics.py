@@ -76,6 +76,12 @@ class GatewayMetrics:
         self.store_overshoots = Gauge(
             "extproc_limits_optimistic_overshoots", "Optimistic admissions the shared store would have refused "
             "(over a limit by at most that request) so far", registry=registry)
+        self.fleet_replicas = Gauge(
+            "extproc_flow_fleet_replicas", "Service replicas sharing in-flight counts through Redis (this one "
+            "included; flow_control.fleet_sync_ms)", registry=registry)
+        self.fleet_sync_failures = Gauge(
+            "extproc_flow_fleet_sync_failures", "Failed in-flight exchanges with the other replicas so far",
+            registry=registry)
         self.store_primary_failures = Gauge(
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)

@@ -62,3 +62,15 @@ def test_load_is_never_below_what_this_process_has_in_flight() -> None:
     ep.metrics = EndpointMetrics(scraped_at=10.0, running=7, waiting=0, kv_usage=0.1)
     ep.batch_capacity, ep.batch_capacity_at = 12, 9.0
     assert pool_room([ep], 10.5, CONFIG).requests == 12 - 10
+
+
+def test_the_other_replicas_in_flight_requests_count_too() -> None:
+    # The scrape saw 8 running; since then another service replica sent 3 more (synced through Redis),
+    # which this replica's own since-scrape delta cannot see.
+    ep = endpoint(in_flight=4, at_scrape=4)
+    ep.metrics = EndpointMetrics(scraped_at=10.0, running=8, waiting=0, kv_usage=0.1)
+    ep.batch_capacity, ep.batch_capacity_at = 16, 9.0
+    assert pool_room([ep], 10.5, CONFIG).requests == 16 - 8
+    ep.others_in_flight = 4 + 3
+    assert pool_room([ep], 10.5, CONFIG).requests == 16 - (4 + 7)
+    assert pool_room([ep], 10.5, CONFIG, reserve=0.25).requests == 12 - 11

@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from extproc.config import parse_policy
+from extproc.endpoints import EndpointRegistry
 from extproc.limits import AdmitRequest, FailoverStore, MemoryStore, RedisStore, TokenBudget
-from extproc.server.stores import REDIS_URL_ENV, build_store
+from extproc.server.stores import REDIS_URL_ENV, build_fleet_sync, build_store
 
 
 def policy(limits: dict[str, object], extproc_endpoints: list[str] | None = None) -> str:
@@ -59,3 +60,24 @@ async def test_optimistic_admission_by_default_with_this_replicas_share(
             assert (redis.headroom.share, redis.headroom.max_age_s) == (share, 0.25)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize(("limits", "flow", "interval_s"), [
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {}, 0.02),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"fleet_sync_ms": 50}, 0.05),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"fleet_sync_ms": 0}, None),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"enabled": False}, None),
+    ({}, {}, None),  # one replica's memory store: nobody to share with
+])
+async def test_replicas_share_in_flight_counts_through_the_limits_redis(
+        monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], flow: dict[str, object],
+        interval_s: float | None) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    doc = yaml.safe_load(policy(limits))
+    doc["flow_control"] = flow
+    fleet = build_fleet_sync(parse_policy(yaml.safe_dump(doc), "p.yaml"), EndpointRegistry(), lambda: None)
+    if interval_s is None:
+        assert fleet is None
+    else:
+        assert fleet is not None and fleet.interval_s == interval_s
+        await fleet.stop()

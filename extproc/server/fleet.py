@@ -1,0 +1,146 @@
+"""Fleet in-flight sync: each service replica publishes what it has in flight per endpoint, reads the others'.
+
+Flow control sizes an endpoint's load from vLLM's scraped queue plus what this process sent since
+(`extproc.flow.saturation`). With several replicas each sees only its own sends between two scrapes
+(100 ms by default), so together they fill the slots kept free for higher classes. With Redis configured
+(`limits.store: redis`), every `flow_control.fleet_sync_ms` each replica writes its in-flight counts into
+one hash (field: replica id; value: wall time and non-zero counts per endpoint) and reads every other
+replica's in the same script call. `Endpoint.others_in_flight` is the sum of the other replicas' counts
+not older than `stale_after_s`; the saturation load is never below this replica's in-flight plus that.
+Fields of replicas that stopped writing are deleted by the next exchange once stale; the hash expires
+when nobody writes.
+A failed exchange keeps the last counts until they are stale, then counts the others as zero (the
+scrape-based estimate alone, as with one replica). Nothing here runs on the request path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+
+from extproc.endpoints import EndpointRegistry
+from extproc.limits.resp import RespClient, Script
+from extproc.limits.types import StoreUnavailable
+
+__all__ = ["FLEET_KEY", "FleetSync", "parse_counts"]
+
+_log = logging.getLogger(__name__)
+
+FLEET_KEY = "flow:inflight"
+# KEYS[1] the hash; ARGV: own field, own value, hash TTL ms, cutoff time. Fields whose time is older than
+# the cutoff (replicas that stopped publishing) are deleted; the fresh ones are returned.
+_EXCHANGE = Script(r"""
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+local cutoff = tonumber(ARGV[4])
+local all = redis.call('HGETALL', KEYS[1])
+local fresh = {}
+for i = 1, #all, 2 do
+  local stamp = string.match(all[i + 1], '^%S+')
+  local at = stamp and tonumber(stamp)
+  if at == nil or at < cutoff then
+    redis.call('HDEL', KEYS[1], all[i])
+  else
+    fresh[#fresh + 1] = all[i]
+    fresh[#fresh + 1] = all[i + 1]
+  end
+end
+return fresh
+""")
+
+
+def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
+    """A published value "<wall time> <address> <count> ..." -> (time, counts). Raises ValueError."""
+    text = value.decode() if isinstance(value, bytes) else value
+    parts = text.split()
+    if not parts or len(parts) % 2 != 1:
+        raise ValueError(f"malformed fleet value {text[:80]!r}")
+    return float(parts[0]), {parts[i]: int(parts[i + 1]) for i in range(1, len(parts), 2)}
+
+
+class FleetSync:
+    SCRIPTS = (_EXCHANGE,)
+
+    def __init__(self, client: RespClient, endpoints: EndpointRegistry, interval_s: float, *,
+                 stale_after_s: float | None = None, on_sync: Callable[[], None] | None = None,
+                 replica_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
+        self._client = client
+        self._endpoints = endpoints
+        self.interval_s = interval_s
+        self._stale_after_s = stale_after_s if stale_after_s is not None else max(1.0, 10.0 * interval_s)
+        self._on_sync = on_sync
+        self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._clock = clock
+        self._others: dict[str, tuple[float, dict[str, int]]] = {}  # replica -> (time, counts)
+        self._task: asyncio.Task[None] | None = None
+        self.syncs_total = 0
+        self.failures_total = 0
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="fleet-sync")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        await self._client.close()
+
+    @property
+    def replicas(self) -> int:
+        """Other replicas heard from recently, plus this one."""
+        return 1 + len(self._others)
+
+    async def sync_once(self) -> None:
+        """Publish this replica's counts, read the others', update every endpoint's `others_in_flight`."""
+        now = self._clock()
+        mine = " ".join(f"{ep.address} {ep.in_flight}" for ep in self._endpoints.endpoints() if ep.in_flight > 0)
+        value = f"{now:.3f} {mine}" if mine else f"{now:.3f}"
+        ttl_ms = max(1000, int(self._stale_after_s * 2000))
+        cutoff = f"{now - self._stale_after_s:.3f}"
+        reply = await self._client.evalsha(_EXCHANGE, [FLEET_KEY], [self.replica_id, value, ttl_ms, cutoff])
+        others: dict[str, tuple[float, dict[str, int]]] = {}
+        for i in range(0, len(reply) - 1, 2):
+            field = reply[i].decode()
+            if field == self.replica_id:
+                continue
+            try:
+                others[field] = parse_counts(reply[i + 1])
+            except ValueError as exc:
+                _log.debug("ignoring fleet entry of %s: %s", field, exc)
+        self._others = others
+        self.syncs_total += 1
+        self._apply(now)
+
+    def _apply(self, now: float) -> None:
+        totals: dict[str, int] = {}
+        for at, counts in self._others.values():
+            if now - at <= self._stale_after_s:
+                for address, count in counts.items():
+                    totals[address] = totals.get(address, 0) + count
+        for endpoint in self._endpoints.endpoints():
+            endpoint.others_in_flight = totals.get(endpoint.address, 0)
+        if self._on_sync is not None:
+            self._on_sync()
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.sync_once()
+            except StoreUnavailable as exc:
+                self.failures_total += 1
+                if self.failures_total == 1 or self.failures_total % 1000 == 0:
+                    _log.warning("fleet in-flight sync failed (%d so far): %s", self.failures_total, exc)
+                self._apply(self._clock())  # counts age out: the others count as zero once stale
+            except Exception:  # never let the loop die
+                self.failures_total += 1
+                _log.exception("fleet in-flight sync failed")
