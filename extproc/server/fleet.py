@@ -10,7 +10,9 @@ not older than `stale_after_s`; the saturation load is never below this replica'
 Fields of replicas that stopped writing are deleted by the next exchange once stale; the hash expires
 when nobody writes.
 A failed exchange keeps the last counts until they are stale, then counts the others as zero (the
-scrape-based estimate alone, as with one replica). Nothing here runs on the request path.
+scrape-based estimate alone, as with one replica). Nothing here runs on the request path. Cost: each
+replica makes one small script call per interval, whose reply carries every replica's counts (R replicas:
+R x 1000 / fleet_sync_ms calls per second on Redis, each returning R entries).
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class FleetSync:
         self._task: asyncio.Task[None] | None = None
         self.syncs_total = 0
         self.failures_total = 0
+        self.replicas = 1  # replicas heard from within stale_after_s, this one included
 
     async def start(self) -> None:
         if self._task is None:
@@ -93,11 +96,6 @@ class FleetSync:
                 await self._task
             self._task = None
         await self._client.close()
-
-    @property
-    def replicas(self) -> int:
-        """Other replicas heard from recently, plus this one."""
-        return 1 + len(self._others)
 
     async def sync_once(self) -> None:
         """Publish this replica's counts, read the others', update every endpoint's `others_in_flight`."""
@@ -122,10 +120,13 @@ class FleetSync:
 
     def _apply(self, now: float) -> None:
         totals: dict[str, int] = {}
+        fresh = 0
         for at, counts in self._others.values():
             if now - at <= self._stale_after_s:
+                fresh += 1
                 for address, count in counts.items():
                     totals[address] = totals.get(address, 0) + count
+        self.replicas = 1 + fresh
         for endpoint in self._endpoints.endpoints():
             endpoint.others_in_flight = totals.get(endpoint.address, 0)
         if self._on_sync is not None:
