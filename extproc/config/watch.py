@@ -13,12 +13,12 @@ snapshot they started with because the caller swaps one reference.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
 
+from extproc.aio import cancel_and_wait
 from extproc.config.loader import ConfigError, ConfigProblem, load_policy
 from extproc.config.schema import Policy
 
@@ -68,11 +68,8 @@ class PolicyWatcher:
         self._task = asyncio.create_task(self._loop(), name="policy-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         while True:

@@ -11,13 +11,13 @@ when several replicas reach the same verdict at once, exactly one transition hap
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
+from extproc.aio import cancel_and_wait
 from extproc.rollout.analysis import OutcomeWindows, PoolWindow, Verdict, analyse
 from extproc.rollout.config import SplitConfig
 from extproc.rollout.split import split_weights
@@ -114,11 +114,8 @@ class Rollouts:
         self._task = asyncio.create_task(self._loop(), name="rollouts")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         while True:

@@ -18,7 +18,6 @@ R x 1000 / fleet_sync_ms calls per second on Redis, each returning R entries).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -26,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from extproc.aio import cancel_and_wait
 from extproc.endpoints import EndpointRegistry
 from extproc.limits.resp import RespClient, Script
 from extproc.limits.types import StoreUnavailable
@@ -90,11 +90,8 @@ class FleetSync:
             self._task = asyncio.create_task(self._loop(), name="fleet-sync")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
         await self._client.close()
 
     async def sync_once(self) -> None:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from pathlib import Path
 
+from extproc.aio import cancel_and_wait
 from extproc.config import ConfigError, Policy
 from extproc.config.watch import Signature, file_signature
 from extproc.gateway.auth import Authenticator
@@ -50,10 +50,8 @@ class KeysWatcher:
         self._task = asyncio.create_task(self._loop(), name="keys-watch")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         while True:
