@@ -15,15 +15,16 @@ Rule, per dimension of the request (cost 1 for a bucket or a lease set, the rese
 
 where `remaining` is from the newest reply for that key (at most `max_age_s` old, and for a budget from
 the current window), and `in_flight` is every admission this process sent after that reply was sent
-and has no reply for yet (awaited ones included, as if admitted). `share` is 1 / service replicas:
-each replica may run ahead of the store by at most its share of what the store last said was left.
+and has no reply for yet (awaited ones included, as if admitted). The service uses `share` = 1 / (2 x
+replicas): together the replicas run ahead of the store by at most half of what it last said was left.
 Replies carry a send sequence, so an older reply applied late (an awaited one resumes after posted
 replies that arrived with it) never replaces a newer report. Releases and settles posted after a report
 are credited to it at once (the lease freed, reserved minus used tokens given back) when the report is
 of the window they touch: either exact or (if the store had not yet seen the admission) conservative.
 
 Tolerance: Redis accounts every admission exactly (forced or not); an optimistic admission overshoots a
-limit only if other replicas took more than (1 - share) of the remaining within the report's age. The
+limit only if, while it was in flight, other replicas' admissions took what it was counting on (a burst of
+more than the whole remaining budget within one round trip). The
 reply says whether the store would have refused it (`overshoots` counts those). The states returned for
 x-ratelimit-* headers are this process's estimate (report minus in-flight minus this request).
 """

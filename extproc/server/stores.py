@@ -17,6 +17,7 @@ from extproc.limits.types import Store
 from extproc.server.fleet import FleetSync
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
+OPTIMISTIC_SHARE = 0.5  # of 1 / replicas: how far each replica may run ahead of Redis's last reply
 
 
 def _redis_url(policy: Policy) -> str | None:
@@ -27,7 +28,7 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     """The store admission uses, and the Redis client behind it (to warm up at start), if any.
 
     With Redis, fail-open decides locally with this replica's share (1 / replicas) of every limit, and
-    optimistic admission (unless turned off) runs ahead of Redis by at most that share of what it reported left.
+    optimistic admission (unless turned off) runs ahead of Redis by at most half that share of what it reported left.
     """
     limits = policy.limits
     if limits.store == "memory":
@@ -36,7 +37,9 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     if not url:
         raise ValueError(f"limits.store is redis but neither limits.redis_url nor ${REDIS_URL_ENV} is set")
     replicas = limits.replicas or max(1, len(policy.envoy.extproc_endpoints))
-    headroom = Headroom(share=1.0 / replicas, max_age_s=limits.optimistic_max_age_ms / 1000.0) \
+    # Half of its share: what the replicas have in flight together stays under half of what Redis last
+    # reported left, so a burst the others admit meanwhile rarely leaves none of it (see the README).
+    headroom = Headroom(share=OPTIMISTIC_SHARE / replicas, max_age_s=limits.optimistic_max_age_ms / 1000.0) \
         if limits.optimistic_admission else None
     # The Redis client enforces the decision deadline itself, on the admission's reply (see FailoverStore).
     redis = RedisStore(url, admit_timeout_ms=limits.decision_deadline_ms, headroom=headroom)

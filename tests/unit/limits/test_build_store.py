@@ -41,8 +41,8 @@ async def test_redis_behind_a_failover_with_this_replicas_share(monkeypatch: pyt
 
 
 @pytest.mark.parametrize(("limits", "endpoints", "share"), [
-    ({}, ["127.0.0.1:1001", "127.0.0.1:1002"], 0.5),  # one share per ext_proc endpoint
-    ({"replicas": 4}, ["127.0.0.1:1001"], 0.25),  # replicas given (e.g. a Deployment behind one Service)
+    ({}, ["127.0.0.1:1001", "127.0.0.1:1002"], 0.25),  # half of a share per ext_proc endpoint
+    ({"replicas": 4}, ["127.0.0.1:1001"], 0.125),  # replicas given (e.g. a Deployment behind one Service)
     ({"optimistic_admission": False}, [], None),
 ])
 async def test_optimistic_admission_by_default_with_this_replicas_share(
