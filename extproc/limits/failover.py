@@ -184,15 +184,7 @@ class FailoverStore:
                 async with asyncio.timeout(self._deadline_s):
                     result = await self._primary.admit(request)
             except (StoreTimeout, TimeoutError) as exc:
-                self._timeouts_in_a_row += 1
-                if self._timeouts_in_a_row == 1:
-                    self._late_since = self._clock()
-                if not self.primary_up or (self._timeouts_in_a_row >= self._down_after_timeouts
-                                           and self._clock() - self._late_since >= self._down_after_s):
-                    self._failed("admit", exc)
-                else:
-                    self.failures_total += 1
-                    self._log.debug("limits store late (%s in a row): %s", self._timeouts_in_a_row, exc)
+                self._late(exc)
             except StoreUnavailable as exc:
                 self._failed("admit", exc)
             else:
@@ -271,6 +263,20 @@ class FailoverStore:
                               self.policy, self._backoff_s)
         else:
             self._log.debug("limits store still down (%s failed: %s)", call, exc)
+
+    def _late(self, exc: BaseException) -> None:
+        """An admission's reply missed its deadline: the primary is marked down only once replies have
+        been late `down_after_timeouts` times in a row over at least `down_after_s` (or it was down)."""
+        self._timeouts_in_a_row += 1
+        now = self._clock()
+        if self._timeouts_in_a_row == 1:
+            self._late_since = now
+        if self.primary_up and (self._timeouts_in_a_row < self._down_after_timeouts
+                                or now - self._late_since < self._down_after_s):
+            self.failures_total += 1
+            self._log.debug("limits store late (%s in a row): %s", self._timeouts_in_a_row, exc)
+        else:
+            self._failed("admit", exc)
 
     def _succeeded(self, now: float) -> None:
         self._timeouts_in_a_row = 0

@@ -80,40 +80,39 @@ class Headroom:
         seq, share, max_age = self._seq, self.share, self.max_age_s
         keys = self._keys
         fits = True
-        states: list[LimitState] = []
-        dims = self._dims(request)
-        for (name, key), cost, index in dims:
-            entry = keys.get((name, key))
+        left: list[tuple[float, float]] = []  # per dimension: remaining after this request, reset
+        for dim, cost, index in self._dims(request):
+            entry = keys.get(dim)
             if entry is None:
-                entry = keys[(name, key)] = _Key()
+                entry = keys[dim] = _Key()
             if fits:
                 if (entry.seq < 0 or now - entry.sent_at > max_age or entry.index != index
                         or entry.in_flight + cost > share * entry.remaining + EPSILON):
                     fits = False
                 else:
-                    states.append(LimitState(name, key, 0.0, entry.remaining - entry.in_flight - cost, entry.reset_s))
+                    left.append((entry.remaining - entry.in_flight - cost, entry.reset_s))
             entry.in_flight += cost
         if not fits:
             self.awaited_total += 1
             return seq, None
         self.optimistic_total += 1
-        return seq, AdmitResult(admitted=True, states=self._finish(request, states))
+        return seq, AdmitResult(admitted=True, states=self._finish(request, left))
 
     def replied(self, request: AdmitRequest, seq: int, states: tuple[LimitState, ...] | None,
                 overshoot: bool = False) -> None:
-        """The store's states after the admission sent as `seq` (None: it failed, nothing learned);
-        `overshoot`: an optimistic admission the store would have refused."""
+        """The store's states after the admission sent as `seq`, one per dimension in request order as
+        a store reports them (None: it failed, nothing learned); `overshoot`: an optimistic admission
+        the store would have refused."""
         if overshoot:
             self.overshoots_total += 1
-        by_key = {(s.name, s.key): s for s in states or ()}
-        for dim, cost, index in self._dims(request):
+        for i, (dim, cost, index) in enumerate(self._dims(request)):
             entry = self._keys.get(dim)
             if entry is None:
                 continue
             entry.in_flight = max(0.0, entry.in_flight - cost)
-            state = by_key.get(dim)
-            if state is None or seq <= entry.seq:
+            if states is None or seq <= entry.seq:
                 continue
+            state = states[i]
             entry.seq, entry.sent_at, entry.index = seq, request.now, index
             entry.remaining, entry.reset_s = state.remaining, state.reset_s
 
@@ -148,22 +147,24 @@ class Headroom:
         return dims
 
     @staticmethod
-    def _finish(request: AdmitRequest, states: list[LimitState]) -> tuple[LimitState, ...]:
-        """The estimated states in the shape a store reports (limit, floored remaining, reset)."""
+    def _finish(request: AdmitRequest, left: list[tuple[float, float]]) -> tuple[LimitState, ...]:
+        """The estimated states in the shape a store reports (limit, floored remaining, reset), from
+        each dimension's (remaining, last reported reset) in request order."""
         out: list[LimitState] = []
-        it = iter(states)
+        it = iter(left)
         for r in request.rates:
-            s = next(it)
-            left = math.floor(max(0.0, s.remaining) + EPSILON)
-            out.append(LimitState(s.name, s.key, float(r.burst), float(left), bucket_reset_s(left, r.rate, r.burst)))
+            remaining, _ = next(it)
+            whole = math.floor(max(0.0, remaining) + EPSILON)
+            out.append(LimitState("requests", r.key, float(r.burst), float(whole),
+                                  bucket_reset_s(whole, r.rate, r.burst)))
         for c in request.concurrency:
-            s = next(it)
-            out.append(LimitState(s.name, s.key, float(c.limit), max(0.0, s.remaining), s.reset_s))
+            remaining, reset = next(it)
+            out.append(LimitState("concurrency", c.key, float(c.limit), max(0.0, remaining), reset))
         for b in request.budgets:
-            s = next(it)
+            remaining, _ = next(it)
             reset = (window_index(request.now, b.window_s) + 1) * b.window_s - request.now
-            out.append(LimitState(s.name, s.key, float(b.limit), float(math.floor(max(0.0, s.remaining) + EPSILON)),
-                                  reset))
+            out.append(LimitState(budget_name(b.window_s), b.key, float(b.limit),
+                                  float(math.floor(max(0.0, remaining) + EPSILON)), reset))
         return tuple(out)
 
     def _sweep(self, now: float) -> None:

@@ -143,7 +143,7 @@ class _Posted:
 class _Connection(asyncio.Protocol):
     """One socket: writes commands, resolves the FIFO of waiters as replies are parsed."""
 
-    def __init__(self, on_posted_failure: Callable[[str, str], None],
+    def __init__(self, on_posted_failure: Callable[[_Posted, str], None],
                  resend: Callable[[bytes, _Posted], None]) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader()
@@ -215,8 +215,7 @@ class _Connection(asyncio.Protocol):
             retry, posted.retry = posted.retry, None
             self._resend(_pack(retry), posted)
         else:
-            self._on_posted_failure(posted.op, message)
-            posted.deliver(StoreUnavailable(message))
+            self._on_posted_failure(posted, message)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._fail_pending(f"redis: connection lost ({exc or 'closed by the server'})")
@@ -234,8 +233,7 @@ class _Connection(asyncio.Protocol):
         while self.pending:
             waiter = self.pending.popleft()
             if isinstance(waiter, _Posted):
-                self._on_posted_failure(waiter.op, reason)
-                waiter.deliver(StoreUnavailable(reason))
+                self._on_posted_failure(waiter, reason)
             elif not waiter.done():
                 waiter.set_exception(StoreUnavailable(reason))
 
@@ -402,13 +400,13 @@ class RespClient:
     def _resend(self, command: bytes, posted: _Posted) -> None:
         conn = self._conn
         if conn is None or conn.closed:
-            reason = "redis: connection closed before a NOSCRIPT retry"
-            self._posted_failed(posted.op, reason)
-            posted.deliver(StoreUnavailable(reason))
+            self._posted_failed(posted, "redis: connection closed before a NOSCRIPT retry")
             return
         conn.send(command, posted)
 
-    def _posted_failed(self, op: str, reason: str) -> None:
-        self.posted_failures[op] = self.posted_failures.get(op, 0) + 1
+    def _posted_failed(self, posted: _Posted, reason: str) -> None:
+        """A posted call failed: count it, report it, and give its reply callback the failure."""
+        self.posted_failures[posted.op] = self.posted_failures.get(posted.op, 0) + 1
         if self._on_posted_failure is not None:
-            self._on_posted_failure(op, reason)
+            self._on_posted_failure(posted.op, reason)
+        posted.deliver(StoreUnavailable(reason))
