@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -147,3 +148,57 @@ def chart_values() -> dict[str, Any]:
     loaded = yaml.safe_load((CHART / "values.yaml").read_text(encoding="utf-8"))
     assert isinstance(loaded, dict)
     return loaded
+
+
+# One member of a oneof replaces the others when merged (protobuf semantics); the route action's cluster
+# specifier is the only oneof the chart's MERGE patches touch.
+ONEOFS = ({"cluster", "cluster_header", "weighted_clusters", "cluster_specifier_plugin"},)
+
+
+def merge_patch(target: dict[str, Any], value: Mapping[str, Any]) -> None:
+    """Istio's MERGE, i.e. a protobuf merge: messages merge field by field, repeated fields append, scalars
+    (and oneof members, clearing the others) replace."""
+    for key, item in value.items():
+        for oneof in ONEOFS:
+            if key in oneof:
+                for other in oneof - {key}:
+                    target.pop(other, None)
+        if isinstance(item, Mapping) and isinstance(target.get(key), dict):
+            merge_patch(target[key], item)
+        elif isinstance(item, list) and isinstance(target.get(key), list):
+            target[key] += copy.deepcopy(item)
+        else:
+            target[key] = copy.deepcopy(item)
+
+
+def istio_hcm(objects: list[dict[str, Any]], base: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` (an HTTP connection manager's typed_config) with the EnvoyFilter's NETWORK_FILTER MERGEs."""
+    hcm = copy.deepcopy(dict(base))
+    for patch in config_patches(objects, "NETWORK_FILTER"):
+        assert patch["patch"]["operation"] == "MERGE"
+        merge_patch(hcm, patch["patch"]["value"]["typed_config"])
+    return hcm
+
+
+def istio_routes(objects: list[dict[str, Any]], routes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One virtual host's routes with the EnvoyFilter's HTTP_ROUTE patches applied as Istio applies them:
+    first every MERGE into the routes named by the match, then the inserts next to them."""
+    routes = copy.deepcopy(routes)
+    patches = list(config_patches(objects, "HTTP_ROUTE"))
+    for patch in patches:
+        name = patch["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+        if patch["patch"]["operation"] == "MERGE":
+            for route in routes:
+                if route.get("name") == name:
+                    merge_patch(route, patch["patch"]["value"])
+    for patch in patches:
+        name = patch["match"]["routeConfiguration"]["vhost"]["route"]["name"]
+        operation = patch["patch"]["operation"]
+        if operation in ("INSERT_BEFORE", "INSERT_AFTER"):
+            names = [route.get("name") for route in routes]
+            if name in names:
+                at = names.index(name) + (operation == "INSERT_AFTER")
+                routes.insert(at, copy.deepcopy(patch["patch"]["value"]))
+        else:
+            assert operation == "MERGE", operation
+    return routes

@@ -17,6 +17,8 @@ from tests.helm.chart import (
     find,
     http_filter_patch,
     istio_filter_chain,
+    istio_hcm,
+    istio_routes,
     policy_text,
 )
 
@@ -125,17 +127,71 @@ def test_pool_clusters_equal_the_rendered_clusters(chart: Chart, policy_name: st
 
 
 @pytest.mark.parametrize("policy_name", POLICIES)
-def test_listener_buffer_and_route_patch_follow_the_policy(chart: Chart, policy_name: str) -> None:
+def test_listener_buffer_follows_the_policy(chart: Chart, policy_name: str) -> None:
     objects, policy = rendered(chart, "istio-gateway", policy_name)
     static = render_static(policy)["static_resources"]
     (listener,) = config_patches(objects, "LISTENER")
     assert listener["patch"] == {"operation": "MERGE", "value": {
         "per_connection_buffer_limit_bytes": static["listeners"][0]["per_connection_buffer_limit_bytes"]}}
-    (route,) = config_patches(objects, "HTTP_ROUTE")
-    assert route["match"]["routeConfiguration"]["vhost"]["route"]["name"] == "llm"
-    expected = route_config(policy)["virtual_hosts"][0]["routes"][0]["route"]
-    assert route["patch"] == {"operation": "MERGE", "value": {"route": {
-        "cluster_header": expected["cluster_header"], "timeout": expected["timeout"]}}}
+
+
+def rendered_hcm(policy: Policy) -> dict[str, Any]:
+    config = render_static(policy)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    hcm: dict[str, Any] = config["typed_config"]
+    return hcm
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+@pytest.mark.parametrize("mode", CONTEXT)
+def test_routing_headers_are_stripped_before_the_route_is_chosen_as_rendered(chart: Chart, mode: str,
+                                                                           policy_name: str) -> None:
+    objects, policy = rendered(chart, mode, policy_name)
+    for patch in config_patches(objects, "NETWORK_FILTER"):
+        assert patch["match"]["context"] == CONTEXT[mode]
+    hcm = istio_hcm(objects, {"stat_prefix": "outbound_0.0.0.0_8080"})
+    expected = rendered_hcm(policy)["early_header_mutation_extensions"]
+    assert hcm["early_header_mutation_extensions"] == expected
+    removed = [m["remove"] for m in expected[0]["typed_config"]["mutations"]]
+    assert policy.envoy.cluster_header in removed
+    off = chart.template({"mode": mode, "istio": {"earlyHeaderMutation": False}, **POLICIES[policy_name]})
+    assert "early_header_mutation_extensions" not in istio_hcm(off, {})
+
+
+VS_DESTINATION = "outbound|8000||vllm.llm.svc.cluster.local"
+VS_ROUTES = [
+    {"name": "llm", "match": {"prefix": "/v1/"}, "route": {"cluster": VS_DESTINATION, "timeout": "0s"}},
+    {"name": "other", "match": {"prefix": "/"}, "route": {"cluster": "outbound|80||web.web.svc.cluster.local"}},
+]
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_route_patches_make_the_virtualservice_route_the_rendered_routes(chart: Chart, policy_name: str) -> None:
+    objects, policy = rendered(chart, "istio-gateway", policy_name)
+    expected = route_config(policy)["virtual_hosts"][0]["routes"]
+    llm, *inserted, other = istio_routes(objects, VS_ROUTES)
+    assert other == VS_ROUTES[1]  # another route of the virtual host is left alone
+    # The VirtualService's destination is replaced by the pool header; retries stay the VirtualService's.
+    assert llm["route"] == {"cluster_header": expected[0]["route"]["cluster_header"],
+                            "timeout": expected[0]["route"]["timeout"]}
+    if not policy.envoy.failure_mode_allow:
+        assert llm["match"] == VS_ROUTES[0]["match"] and inserted == [] and len(expected) == 1
+        return
+    # Fail open: only requests ext_proc routed (pool header present) take that route; the rest go to the
+    # fallback pool with the rendered fallback route's action.
+    assert llm["match"] == {"prefix": "/v1/", "headers": expected[0]["match"]["headers"]}
+    assert expected[0]["match"]["headers"] == [{"name": policy.envoy.cluster_header, "present_match": True}]
+    (fallback,) = inserted
+    assert fallback["name"] == "llm-fallback"
+    assert fallback["match"] == expected[1]["match"] == {"prefix": "/"}
+    assert fallback["route"] == expected[1]["route"]
+    assert fallback["route"]["cluster"] == policy.envoy.fallback_pool
+
+
+def test_fallback_route_match_and_timeout_can_be_set(chart: Chart) -> None:
+    values = {"policy": CUSTOM_POLICY, "istio": {"routing": {"timeout": "30s", "fallbackMatch": {"prefix": "/v1/"}}}}
+    llm, fallback, _ = istio_routes(chart.template(values), VS_ROUTES)
+    assert llm["route"]["timeout"] == fallback["route"]["timeout"] == "30s"
+    assert fallback["match"] == {"prefix": "/v1/"}
 
 
 def test_gateway_and_sidecar_selection(chart: Chart) -> None:
@@ -155,7 +211,7 @@ def test_gateway_and_sidecar_selection(chart: Chart) -> None:
 
 def test_optional_patches_can_be_turned_off(chart: Chart) -> None:
     objects = chart.template({"istio": {"patchBufferLimit": False, "accessLog": False, "usageMetadata": {"json": False},
-                                        "routing": {"clusters": False, "routeName": ""}}})
+                                        "earlyHeaderMutation": False, "routing": {"clusters": False, "routeName": ""}}})
     assert [p["applyTo"] for p in find(objects, "EnvoyFilter")["spec"]["configPatches"]] == ["HTTP_FILTER"] * 2
 
 
