@@ -5,44 +5,18 @@ In neither mode can a client pick a pool or endpoint by sending our routing head
 
 from __future__ import annotations
 
-import asyncio
-import json
 from pathlib import Path
 
 import pytest
 
-from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, Stack, launch, start_service
+from extproc.bench.stack import SimPool, launch
+from tests.support import kill_and_restart
 
 pytestmark = pytest.mark.asyncio
 
 MAIN = SimPool("main", "org/main", 2, aliases=("main",))
 SPARE = SimPool("spare", "org/spare", 1, aliases=("spare",))
-
-
-def spec_for(stack: Stack) -> object:
-    spare_endpoint = f"127.0.0.1:{stack.sim_ports['spare'][0]}"
-
-    def spec(index: int) -> RequestSpec:
-        # The served name: while bypassed nobody rewrites aliases (list them in vLLM --served-model-name).
-        body = {"model": "org/main", "messages": [{"role": "user", "content": f"q{index}"}], "max_tokens": 4}
-        # Every request also tries to steer itself by header: it must never work.
-        headers = (("content-type", "application/json"), ("x-gateway-pool", "spare"),
-                   ("x-gateway-destination-endpoint", spare_endpoint))
-        return RequestSpec("POST", "/v1/chat/completions", headers, json.dumps(body).encode())
-
-    return spec
-
-
-async def kill_and_restart(group: ProcessGroup, stack: Stack) -> list[Sample]:
-    load = asyncio.create_task(run_open_loop("127.0.0.1", stack.envoy_port, spec_for(stack),  # type: ignore[arg-type]
-                                             rate=30, duration_s=6, arrival="fixed", timeout_s=10))
-    await asyncio.sleep(1.5)
-    stack.children["service"].send_signal(9)  # SIGKILL: no drain, like a crash
-    await asyncio.sleep(2.0)
-    stack.children["service"] = await start_service(group, stack)
-    return await load
 
 
 async def test_fail_closed(tmp_path: Path) -> None:

@@ -1,0 +1,106 @@
+"""The chart's EnvoyFilter, applied as Istio applies it to a minimal Istio-shaped listener (router only, one
+VirtualService route), run by real Envoy in front of our service and the simulator.
+
+No Istio runs here, so `tests.helm.chart` plays istiod's part (filter inserts, protobuf MERGE, route
+inserts); the config Envoy runs is otherwise the chart's, and its behaviour is checked end to end: while our
+service is killed under load with fail-open, requests go to the fallback pool, and no client picks a pool
+by sending our routing header.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extproc.bench.loadgen import Sample
+from extproc.bench.procs import ProcessGroup
+from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
+from extproc.config import Policy
+from extproc.xds.render import EXTPROC_CLUSTER, dump, render_static
+from tests.helm.chart import Chart, config_patches, istio_filter_chain, istio_hcm, istio_routes, merge_patch
+from tests.support import kill_and_restart
+
+pytestmark = pytest.mark.asyncio
+
+MAIN = SimPool("main", "org/main", 2, aliases=("main",))
+SPARE = SimPool("spare", "org/spare", 1, aliases=("spare",))
+FAIL_OPEN = {"failure_mode_allow": True, "fallback_pool": "main", "message_timeout_ms": 200}
+T = "type.googleapis.com/envoy."
+
+
+def istio_shaped(objects: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:
+    """A bootstrap whose listener is what Istio would generate for a VirtualService route `llm` (to pool
+    `spare`, the one clients try to steer to) plus the EnvoyFilter's patches; ext_proc and access-log
+    traffic goes to the renderer's ext_proc cluster instead of Istio's outbound cluster of the Service."""
+    text = json.dumps(objects)
+    for patch in config_patches(objects, "HTTP_FILTER"):
+        service = patch["patch"]["value"]["typed_config"].get("grpc_service")
+        if service is not None:
+            text = text.replace(json.dumps(service["envoy_grpc"]["cluster_name"]), json.dumps(EXTPROC_CLUSTER))
+    objects = json.loads(text)
+    static = render_static(policy)
+    listener = static["static_resources"]["listeners"][0]
+    del listener["per_connection_buffer_limit_bytes"]
+    routes = [{"name": "llm", "match": {"prefix": "/v1/"}, "route": {"cluster": "spare", "timeout": "0s"}}]
+    hcm = istio_hcm(objects, {
+        "@type": T + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+        "stat_prefix": "outbound_0.0.0.0_8080",
+        "codec_type": "AUTO",
+        "route_config": {"name": "http.8080", "virtual_hosts": [{
+            "name": "llm", "domains": ["*"], "routes": istio_routes(objects, routes),
+            # Where each response came from: the test's probe, not part of the chart.
+            "response_headers_to_add": [{"header": {"key": "x-gateway-upstream-host",
+                                                    "value": "%UPSTREAM_REMOTE_ADDRESS%"}}],
+        }]},
+    })
+    hcm["http_filters"] = istio_filter_chain(objects, EXTPROC_CLUSTER)
+    listener["filter_chains"] = [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                               "typed_config": hcm}]}]
+    for patch in config_patches(objects, "LISTENER"):
+        merge_patch(listener, patch["patch"]["value"])
+    pools = [patch["patch"]["value"] for patch in config_patches(objects, "CLUSTER")]
+    extproc = [c for c in static["static_resources"]["clusters"] if c["name"] == EXTPROC_CLUSTER]
+    static["static_resources"]["clusters"] = extproc + pools
+    return static
+
+
+async def run(tmp_path: Path, chart: Chart, istio: dict[str, Any]) -> tuple[Stack, list[Sample]]:
+    stack = prepare(tmp_path, [MAIN, SPARE], envoy=FAIL_OPEN)
+    document = yaml.safe_load(stack.policy_path.read_text())
+    objects = chart.template({"mode": "istio-gateway", "policy": document, "istio": istio})
+    (stack.envoy_dir / "bootstrap.yaml").write_text(dump(istio_shaped(objects, stack.policy)))
+    async with ProcessGroup(tmp_path / "logs") as group:
+        stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
+                                                ["--profile", "fast"])
+        stack.children["service"] = await start_service(group, stack)
+        stack.children["envoy"] = await start_envoy(group, stack)
+        samples = await kill_and_restart(group, stack)
+    return stack, samples
+
+
+def served_by(stack: Stack, samples: list[Sample], pool: str) -> list[Sample]:
+    hosts = {f"127.0.0.1:{port}" for port in stack.sim_ports[pool]}
+    return [s for s in samples if s.headers.get("x-gateway-upstream-host") in hosts]
+
+
+async def test_fail_open_serves_the_fallback_pool_and_ignores_client_routing_headers(tmp_path: Path,
+                                                                                     chart: Chart) -> None:
+    stack, samples = await run(tmp_path, chart, {})
+    assert [s for s in samples if s.error is not None] == []
+    assert len(served_by(stack, samples, "main")) == len(samples) > 150
+    assert served_by(stack, samples, "spare") == []
+
+
+async def test_without_early_header_mutation_a_client_header_picks_the_pool_while_the_service_is_down(
+        tmp_path: Path, chart: Chart) -> None:
+    # Why the chart strips the headers before the route is chosen: the HTTP header_mutation filter removes
+    # the client's copy only after Envoy picked the route (and its cluster_header cluster), and nothing
+    # picks it again when ext_proc fails open.
+    stack, samples = await run(tmp_path, chart, {"earlyHeaderMutation": False})
+    steered = served_by(stack, samples, "spare")
+    assert steered, "expected the client's x-gateway-pool to win while the service was down"
+    assert all(1.4 < s.start_s < 4.5 for s in steered)  # only during the outage: ext_proc re-routes otherwise
