@@ -216,6 +216,14 @@ class LimitsConfig(_Strict):
         return self
 
 
+class AuditConfig(_Strict):
+    """One JSON line per request written by Envoy (file access log): who (tenant, key label), what (model,
+    pool, endpoint), outcome (status, details, tokens, timings). Keys themselves never appear."""
+
+    # "" = off; /dev/stdout for container logs; a file is reopened on SIGUSR1 to Envoy (logrotate).
+    path: str = ""
+
+
 # Profiles every service knows without configuration (see extproc/scheduling/profiles.py).
 BUILTIN_PROFILES = ("default", "load-only", "least-inflight", "random")
 
@@ -290,6 +298,7 @@ class Policy(_Strict):
     health: HealthPolicy = HealthPolicy()
     rollout: RolloutPolicy = RolloutPolicy()
     flow_control: FlowControlConfig = FlowControlConfig()
+    audit: AuditConfig = AuditConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 

@@ -88,8 +88,9 @@ class Queued:
     ticket: Ticket
 
 
-def error_response(error: ApiError) -> Respond:
-    return Respond(error.status, error.body(), _JSON + error.headers, details=error.code or error.type)
+def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> Respond:
+    return Respond(error.status, error.body(), _JSON + error.headers, details=error.code or error.type,
+                   metadata=metadata)
 
 
 class Gateway:
@@ -356,8 +357,10 @@ class Gateway:
         addresses = tuple(ep.address for ep in picked)
         envoy = exchange.snapshot.policy.envoy
         rewrite = request.model != pool.model and request.model not in pool.lora_adapters
-        # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata.
-        want_usage = request.stream and not request.include_usage and exchange.reservation is not None
+        # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to
+        # settle a reservation, and for the audit log).
+        want_usage = request.stream and not request.include_usage and (
+            exchange.reservation is not None or bool(exchange.snapshot.policy.audit.path))
         new_body = rewrite_body(request.document, pool.model if rewrite else None, want_usage) if (
             rewrite or want_usage) else None
         headers: list[tuple[str, str]] = [
@@ -368,10 +371,23 @@ class Gateway:
             headers.append(("content-length", str(len(new_body))))
         return Route(pool.name, addresses, tuple(headers), new_body, self._route_metadata(exchange))
 
+    @staticmethod
+    def _who(exchange: Exchange) -> dict[str, Any]:
+        """Who asked for what, as far as known: Envoy's dynamic metadata for the access and audit logs."""
+        meta: dict[str, Any] = {"request_id": exchange.request_id or exchange.head.request_id}
+        tenant = exchange.tenant
+        if tenant is not ANONYMOUS or exchange.snapshot.policy.auth.mode == "none":
+            meta["tenant"] = tenant.name
+        if tenant.key:
+            meta["key"] = tenant.key
+        if exchange.model:
+            meta["model"] = exchange.model
+        return meta
+
     def _route_metadata(self, exchange: Exchange) -> dict[str, Any]:
         """Carried in Envoy's dynamic metadata to the access log, where any replica can settle usage."""
-        meta: dict[str, Any] = {"tenant": exchange.tenant.name, "pool": exchange.pool,
-                                "request_id": exchange.request_id}
+        meta = self._who(exchange)
+        meta["pool"] = exchange.pool
         held = exchange.reservation
         if held is not None:
             meta["reservation"] = encode_reservation(held)
@@ -420,7 +436,7 @@ class Gateway:
     def _reject(self, exchange: Exchange, error: ApiError) -> Respond:
         exchange.outcome = f"rejected_{error.status}"
         exchange.status = error.status
-        return error_response(error)
+        return error_response(error, self._who(exchange))
 
     # -- outcome --------------------------------------------------------------------------------
     def response_headers(self, exchange: Exchange, status: int) -> tuple[tuple[str, str], ...]:

@@ -41,6 +41,8 @@ class Respond:
     body: bytes
     headers: Headers = ()
     details: str = ""
+    # Envoy dynamic metadata (namespace `extproc`): who was refused, for the audit log.
+    metadata: Mapping[str, Any] | None = None
 
 
 Decision = Route | Respond

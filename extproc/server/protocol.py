@@ -5,6 +5,9 @@ The only module (with `processor.py`) that touches Envoy protos.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from envoy.config.core.v3 import base_pb2
 from envoy.extensions.filters.http.ext_proc.v3 import processing_mode_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
@@ -73,6 +76,12 @@ def _set_headers(pairs: tuple[tuple[str, str], ...]) -> list[base_pb2.HeaderValu
 METADATA_NAMESPACE = "extproc"
 
 
+def _metadata(fields: Mapping[str, Any]) -> struct_pb2.Struct:
+    metadata = struct_pb2.Struct()
+    metadata.update({METADATA_NAMESPACE: dict(fields)})
+    return metadata
+
+
 def route_response(route: Route) -> ext_pb.ProcessingResponse:
     common = ext_pb.CommonResponse(
         header_mutation=ext_pb.HeaderMutation(set_headers=_set_headers(route.set_headers)),
@@ -82,9 +91,7 @@ def route_response(route: Route) -> ext_pb.ProcessingResponse:
         common.body_mutation.body = route.body
     response = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
     if route.metadata:
-        metadata = struct_pb2.Struct()
-        metadata.update({METADATA_NAMESPACE: dict(route.metadata)})
-        response.dynamic_metadata.CopyFrom(metadata)
+        response.dynamic_metadata.CopyFrom(_metadata(route.metadata))
     return response
 
 
@@ -96,7 +103,7 @@ def response_headers_response(add: tuple[tuple[str, str], ...]) -> ext_pb.Proces
 
 
 def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:
-    return ext_pb.ProcessingResponse(
+    response = ext_pb.ProcessingResponse(
         immediate_response=ext_pb.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=reply.status),
             headers=ext_pb.HeaderMutation(set_headers=_set_headers(reply.headers)),
@@ -104,6 +111,9 @@ def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:
             details=reply.details,
         )
     )
+    if reply.metadata:
+        response.dynamic_metadata.CopyFrom(_metadata(reply.metadata))
+    return response
 
 
 def extend_message_timeout(remaining_s: float) -> ext_pb.ProcessingResponse:

@@ -7,7 +7,7 @@
         limits: {tokens_per_min: 50000}        # optional overrides of the tier's limits
         keys:
           - sha256: 9f86d08...  # `extproc keys hash` prints it for a key
-            label: ci
+            label: ci           # names the key in the audit log (default: sha256:<first 12 hex digits>)
             revoked: false
 
 A presented key is hashed and looked up; the stored hash is then compared in constant time, so
@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -68,6 +68,9 @@ class Tenant:
     models: frozenset[str]  # empty = every model
     limits: TierLimits | None = None
     model_limits: TierLimits | None = None
+    # Which key authenticated (for the audit log): its `label`, else "sha256:" + the first 12 hex digits of
+    # its hash. Never the key.
+    key: str = ""
 
     def may_use(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -104,7 +107,7 @@ class KeyRing:
                 if key.sha256 in by_hash:
                     problems.append(ConfigProblem(str(path), 1, f"tenant {tenant.name}", "key listed twice"))
                 if not key.revoked:
-                    by_hash[key.sha256] = (key.sha256, entry)
+                    by_hash[key.sha256] = (key.sha256, replace(entry, key=key.label or f"sha256:{key.sha256[:12]}"))
         if problems:
             raise ConfigError(problems)
         return cls(by_hash)

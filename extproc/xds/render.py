@@ -130,9 +130,33 @@ def _usage_filters() -> list[dict[str, Any]]:
     ]
 
 
+# The audit line: field -> Envoy command operator (json_format keeps numbers numbers; absent = null).
+AUDIT_FORMAT = {
+    "time": "%START_TIME%",
+    "request_id": "%REQ(X-REQUEST-ID)%",
+    "tenant": "%DYNAMIC_METADATA(extproc:tenant)%",
+    "key": "%DYNAMIC_METADATA(extproc:key)%",
+    "model": "%DYNAMIC_METADATA(extproc:model)%",
+    "pool": "%DYNAMIC_METADATA(extproc:pool)%",
+    "endpoint": "%UPSTREAM_HOST%",
+    "status": "%RESPONSE_CODE%",
+    "details": "%RESPONSE_CODE_DETAILS%",
+    "flags": "%RESPONSE_FLAGS%",
+    "prompt_tokens": "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%",
+    "completion_tokens": "%DYNAMIC_METADATA(extproc.usage:completion_tokens)%",
+    "duration_ms": "%DURATION%",
+    "upstream_first_byte_ms": "%RESPONSE_DURATION%",
+    "client": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(:PATH)%",
+    "user_agent": "%REQ(USER-AGENT)%",
+}
+
+
 def access_log(policy: Policy) -> list[dict[str, Any]]:
-    """gRPC access log to our service: final status, upstream host, usage and our reservation."""
-    return [{
+    """gRPC access log to our service (final status, upstream host, usage and our reservation), and the
+    audit file log when `audit.path` is set."""
+    logs: list[dict[str, Any]] = [{
         "name": "envoy.access_loggers.http_grpc",
         "typed_config": {
             "@type": _T + "extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
@@ -145,6 +169,16 @@ def access_log(policy: Policy) -> list[dict[str, Any]]:
             },
         },
     }]
+    if policy.audit.path:
+        logs.append({
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": _T + "extensions.access_loggers.file.v3.FileAccessLog",
+                "path": policy.audit.path,
+                "log_format": {"json_format": AUDIT_FORMAT},
+            },
+        })
+    return logs
 
 
 def stripped_headers(policy: Policy) -> list[str]:

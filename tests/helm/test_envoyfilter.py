@@ -38,6 +38,7 @@ POLICIES = {
     "default": {},
     "custom": {"policy": CUSTOM_POLICY},
     "trusted-header": {"policy": {"auth": {"mode": "trusted-header", "tenant_header": "x-team"}}},
+    "audit": {"policy": {"audit": {"path": "/dev/stdout"}}},
 }
 CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
 
@@ -107,14 +108,16 @@ def test_patched_filter_chain_is_the_rendered_chain(chart: Chart, policy_name: s
     assert istio_filter_chain(objects, EXTPROC_CLUSTER) == expected
 
 
+@pytest.mark.parametrize("policy_name", ["default", "audit"])
 @pytest.mark.parametrize("mode", CONTEXT)
-def test_access_log_goes_to_the_service_as_rendered(chart: Chart, mode: str) -> None:
-    objects, policy = rendered(chart, mode, "default")
-    (log,) = access_logs(objects)
+def test_access_logs_are_the_rendered_ones(chart: Chart, mode: str, policy_name: str) -> None:
+    objects, policy = rendered(chart, mode, policy_name)
+    log, *audit = access_logs(objects)
     cluster = log["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]
     assert cluster["cluster_name"] == f"outbound|9002||{FULLNAME}.{NAMESPACE}.svc.cluster.local"
     cluster["cluster_name"] = EXTPROC_CLUSTER
-    assert [log] == access_log(policy)
+    assert [log, *audit] == access_log(policy)
+    assert len(audit) == (policy_name == "audit")
 
 
 @pytest.mark.parametrize("policy_name", POLICIES)

@@ -34,6 +34,16 @@ def test_lookup_by_hash_and_revocation(tmp_path: Path) -> None:
     assert len(ring) == 1
 
 
+def test_each_key_is_named_for_the_audit_log_without_revealing_it(tmp_path: Path) -> None:
+    text = FILE.replace("revoked: true", "revoked: false") % (hash_key("good"), hash_key("other"))
+    ring = KeyRing.from_file(write(tmp_path, text), {"default", "paid"})
+    labelled, unlabelled = ring.authenticate("good"), ring.authenticate("other")
+    assert labelled is not None and unlabelled is not None
+    assert labelled.key == "prod"
+    assert unlabelled.key == "sha256:" + hash_key("other")[:12]
+    assert labelled.name == unlabelled.name == "acme"  # the same tenant, whichever key
+
+
 def test_bad_files_are_rejected_with_location(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"keys.yaml:6: .*64 hex"):
         KeyRing.from_file(write(tmp_path, FILE % ("plaintext-key", hash_key("x"))), {"default", "paid"})

@@ -94,3 +94,21 @@ pools:
     address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
     assert address["socket_address"] == {"address": "vllm.ns.svc.cluster.local", "port_value": 8000}
     assert "eds-chat.yaml" not in files
+
+
+def test_audit_log_is_a_json_file_log_next_to_the_grpc_log() -> None:
+    def logs(policy_text: str) -> list[dict[str, object]]:
+        listener = render_static(parse_policy(policy_text))["static_resources"]["listeners"][0]
+        found: list[dict[str, object]] = listener["filter_chains"][0]["filters"][0]["typed_config"]["access_log"]
+        return found
+
+    pools = "pools: [{name: p, model: m, endpoints: ['10.0.0.1:8000']}]\n"
+    assert [log["name"] for log in logs(pools)] == ["envoy.access_loggers.http_grpc"]
+    grpc, audit = logs(pools + "audit: {path: /dev/stdout}\n")
+    assert (grpc["name"], audit["name"]) == ("envoy.access_loggers.http_grpc", "envoy.access_loggers.file")
+    config = audit["typed_config"]
+    assert isinstance(config, dict) and config["path"] == "/dev/stdout"
+    fields = config["log_format"]["json_format"]
+    assert fields["tenant"] == "%DYNAMIC_METADATA(extproc:tenant)%"
+    assert fields["prompt_tokens"] == "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%"
+    assert "%REQ(AUTHORIZATION)%" not in str(fields)
