@@ -212,6 +212,10 @@ def test_tenants_secret_is_mounted(chart: Chart, scenario: str, secret: str) -> 
 @pytest.mark.parametrize(("values", "message"), [
     ({"mode": "ingress"}, "value must be one of"),
     ({"policy": {"pools": [{"name": "Chat", "model": "m", "endpoints": ["10.0.0.1:80"]}]}}, "/policy/pools/0/name"),
+    ({"policy": {"pools": [{"name": "chat", "model": "m"}]}}, "/policy/pools/0"),  # neither endpoints nor DNS
+    ({"policy": {"pools": [{"name": "chat", "model": "m", "endpoints": ["10.0.0.1:80"],
+                            "discovery": {"dns": "vllm", "port": 80}}]}}, "/policy/pools/0"),  # both
+    ({"policy": {"pools": [{"name": "chat", "model": "m", "discovery": {"dns": "vllm"}}]}}, "'port'"),
     ({"policy": {"service": {"admin_host": "127.0.0.1"}}}, "admin_host is a loopback address"),
     ({"policy": {"service": {"grpc_host": "127.0.0.1"}}}, "grpc_host is a loopback address"),
     ({"mode": "istio-sidecar", "istio": {"sidecar": {"port": 0}}}, "istio.sidecar.port is required"),

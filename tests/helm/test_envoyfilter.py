@@ -39,6 +39,12 @@ POLICIES = {
     "custom": {"policy": CUSTOM_POLICY},
     "trusted-header": {"policy": {"auth": {"mode": "trusted-header", "tenant_header": "x-team"}}},
     "audit": {"policy": {"audit": {"path": "/dev/stdout"}}},
+    "discovery": {"policy": {"pools": [
+        {"name": "chat", "model": "m-chat", "discovery": {"dns": "vllm-chat.llm.svc.cluster.local", "port": 8000}},
+        {"name": "code", "model": "m-code", "discovery": {"dns": "vllm-code.llm.svc.cluster.local", "port": 8001,
+                                                          "interval_s": 2.5, "family": "v4"}},
+        {"name": "embed", "model": "m-embed", "endpoints": ["10.1.0.9:9000"]},
+    ]}},
 }
 CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
 
