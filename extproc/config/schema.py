@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from extproc.flow.config import FlowControlConfig
+from extproc.guard.config import GuardConfig
 from extproc.rollout.config import RolloutPolicy, check_splits
 
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
@@ -299,6 +300,7 @@ class Policy(_Strict):
     rollout: RolloutPolicy = RolloutPolicy()
     flow_control: FlowControlConfig = FlowControlConfig()
     audit: AuditConfig = AuditConfig()
+    guard: GuardConfig = GuardConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
@@ -327,6 +329,9 @@ class Policy(_Strict):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
         if "default" not in self.tiers:
             raise ValueError("tiers must define 'default' (the tier of tenants that name none)")
+        unknown_tiers = sorted(set(self.guard.tiers) - set(self.tiers))
+        if unknown_tiers:
+            raise ValueError(f"guard.tiers names unknown tiers {unknown_tiers} (tiers: {sorted(self.tiers)})")
         classes = self.flow_control.classes
         for name, tier in self.tiers.items():
             for field_name in ("priority", "max_priority"):

@@ -77,6 +77,7 @@ class Exchange:
     limited: bool = False  # the tenant has limits: its responses carry x-ratelimit-* headers
     klass: str = ""  # flow-control priority class ("" when flow control is off)
     tokens: int = 0  # estimated prompt + expected completion tokens
+    masked: bool = False  # the content guard changed the body
     ticket: Ticket | None = None  # its place in the admission queue, while it has one
 
 
@@ -295,13 +296,21 @@ class Gateway:
         self._metrics.flow_rejected.labels(exchange.pool, rejected.klass, rejected.reason).inc()
         return self._reject(exchange, overloaded(rejected))
 
-    def _resolve(self, exchange: Exchange, body: bytes) -> tuple[InferenceRequest, PoolConfig]:
+    def _count_guard(self, rule: str, action: str, matches: int) -> None:
+        self._metrics.guard_matches.labels(rule, action).inc(matches)
+
+    def _resolve(self, exchange: Exchange, body: bytes, counting: bool = True) -> tuple[InferenceRequest, PoolConfig]:
         if exchange.api is None:  # headers phase already answered; Envoy should not send a body
             raise oai.not_found(exchange.head.path)
         if exchange.request is not None and exchange.pool:
             return exchange.request, exchange.snapshot.by_name[exchange.pool]
         bounds = exchange.snapshot.policy.bounds
         request = parse_request(exchange.api, body, max_bytes=bounds.max_body_bytes, max_depth=bounds.max_json_depth)
+        guard = exchange.snapshot.guard
+        if guard is not None and guard.applies_to(exchange.tenant.tier):
+            masked = guard.apply(request, self._count_guard if counting else None)
+            if masked is not None:
+                request, exchange.masked = masked, True
         exchange.request = request
         exchange.model = request.model
         split = exchange.snapshot.splits.get(request.model)
@@ -326,7 +335,7 @@ class Gateway:
 
     def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
         """Decide; with `explain` the decision is only described: no lease, no learning, no counters."""
-        request, pool = self._resolve(exchange, body)
+        request, pool = self._resolve(exchange, body, counting=explain is None)
         now = self._clock()
         candidates = self._usable(pool, now)
         if exchange.klass and len(candidates) > 1:
@@ -362,7 +371,7 @@ class Gateway:
         want_usage = request.stream and not request.include_usage and (
             exchange.reservation is not None or bool(exchange.snapshot.policy.audit.path))
         new_body = rewrite_body(request.document, pool.model if rewrite else None, want_usage) if (
-            rewrite or want_usage) else None
+            rewrite or want_usage or exchange.masked) else None
         headers: list[tuple[str, str]] = [
             (envoy.cluster_header, pool.name),
             (envoy.endpoint_header, ",".join(addresses)),

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from extproc.config import Policy, PoolConfig
+from extproc.guard import Guard
 from extproc.rollout.config import SplitConfig
 
 
@@ -17,6 +18,7 @@ class Snapshot:
     by_name: dict[str, PoolConfig] = field(default_factory=dict)
     splits: dict[str, SplitConfig] = field(default_factory=dict)  # client model -> weighted pools
     models_listing: bytes = b""
+    guard: Guard | None = None  # compiled content guard rules, if the policy has any
 
     @classmethod
     def build(cls, policy: Policy, version: int) -> Snapshot:
@@ -28,7 +30,8 @@ class Snapshot:
         names = [*by_model, *(m for m in splits if m not in by_model)]
         listing = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "gateway"} for name in names]}
         return cls(policy, version, by_model, {p.name: p for p in policy.pools}, splits,
-                   json.dumps(listing, separators=(",", ":")).encode())
+                   json.dumps(listing, separators=(",", ":")).encode(),
+                   Guard(policy.guard) if policy.guard.rules else None)
 
 
 class SnapshotHolder:

@@ -90,7 +90,8 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def _prompt_text(api: Api, document: dict[str, Any]) -> str:
+def prompt_text(api: Api, document: dict[str, Any]) -> str:
+    """The prompt as one text (chat: role-tagged messages): what prefix hashing and estimates read."""
     if api is Api.CHAT:
         messages = document.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -143,7 +144,7 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int) -> I
         model=model,
         stream=stream,
         max_output_tokens=_optional_int(document, "max_completion_tokens", "max_tokens"),
-        prompt_text=_prompt_text(api, document),
+        prompt_text=prompt_text(api, document),
         include_usage=include_usage,
         user=user if isinstance(user, str) else None,
         document=document,
@@ -161,4 +162,5 @@ def rewrite_body(document: dict[str, Any], model: str | None, include_usage: boo
     return json.dumps(updated, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "parse_request", "rewrite_body"]
+__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "parse_request", "prompt_text",
+           "rewrite_body"]

@@ -44,6 +44,10 @@ class GatewayMetrics:
             "extproc_scheduler_plugin_seconds", "Time spent in each scheduling plugin", ["plugin"],
             buckets=(0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.001, 0.005), registry=registry,
         )
+        self.guard_matches = Counter(
+            "extproc_guard_matches", "Content guard matches, by rule and action (deny: requests, mask: matches)",
+            ["rule", "action"], registry=registry,
+        )
         self.rate_limited = Counter(
             "extproc_rate_limited", "Requests refused by a limit, by dimension", ["limit"], registry=registry
         )
