@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import PYTHON, free_ports
 from extproc.bench.stats import summarize
 from extproc.config import Policy, parse_policy
+from extproc.guard import DETECTORS
 from extproc.xds import find_envoy
 from extproc.xds.render import render_static
 
@@ -57,6 +59,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="limits admission on every request through this store (default none: no limits); "
                              "redis starts a redis-server; compare runs to see the store's cost")
     parser.add_argument("--redis-server", default="redis-server", help="redis-server binary (with --store redis)")
+    parser.add_argument("--guard", choices=["none", "builtin"], default="none",
+                        help="content guard on every request: none, or builtin = every built-in detector "
+                             "(prompt_injection denies, the others mask); compare runs to see its cost")
+    parser.add_argument("--prompt-chars", type=int, default=0,
+                        help="prompt length in characters (prose with one e-mail address per ~1 KiB); "
+                             "default 0: the short prompt 'Say ok.'")
     parser.add_argument("--optimistic", choices=["on", "off"], default="on",
                         help="with --store redis: limits.optimistic_admission (default on; off = every admission "
                              "waits for Redis)")
@@ -93,9 +101,20 @@ def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int) -> dict[st
     return bootstrap
 
 
-def _spec(_: int) -> RequestSpec:
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 1})
-    return RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body.encode())
+_PROSE = ("The Q3 2025 report covers revenue (up 12.5% to 4.2 million), churn and the roadmap for releases "
+          "7.1 and 7.2 due 2025-11-30; questions go to finance.team@example.com before Friday. ")
+
+
+def _request_spec(prompt_chars: int) -> Callable[[int], RequestSpec]:
+    text = (_PROSE * (prompt_chars // len(_PROSE) + 1))[:prompt_chars] if prompt_chars > 0 else "Say ok."
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1}).encode()
+    spec = RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body)
+    return lambda _: spec
+
+
+def _guard_rules() -> list[dict[str, Any]]:
+    return [{"name": name.replace("_", "-"), "detector": name,
+             "action": "deny" if name == "prompt_injection" else "mask"} for name in DETECTORS]
 
 
 def _latency(samples: list[Sample]) -> dict[str, Any]:
@@ -116,6 +135,9 @@ async def run_overhead(args: argparse.Namespace) -> int:
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
         policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
                                 "optimistic_admission": args.optimistic == "on"}
+    if args.guard == "builtin":
+        policy_doc["guard"] = {"rules": _guard_rules()}
+    _spec = _request_spec(args.prompt_chars)
     workdir.mkdir(parents=True, exist_ok=True)
     policy_path = workdir / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(policy_doc))
@@ -123,7 +145,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
     envoy_config = workdir / "envoy.yaml"
     envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
     variants = {"with_extproc": gw_port, "envoy_only": bare_port}
-    report: dict[str, Any] = {"store": args.store, "optimistic": args.optimistic, "rate": args.rate,
+    report: dict[str, Any] = {"store": args.store, "optimistic": args.optimistic, "guard": args.guard,
+                              "prompt_chars": args.prompt_chars, "rate": args.rate,
                               "duration_s": args.duration, "rounds": args.rounds,
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
@@ -187,7 +210,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
              "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
              "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
     print(format_table(rows, ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "max_rps"]))
-    print(f"[store: {args.store}] added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, "
+    print(f"[store: {args.store}, guard: {args.guard}, prompt: {args.prompt_chars} chars] "
+          f"added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, "
           f"p99 {added.get('p99')} ms; "
           f"service CPU {report['service_cpu_us_per_request']} us/request")
     if "admissions" in report:

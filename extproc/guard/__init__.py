@@ -34,11 +34,18 @@ class _Rule:
     valid: Callable[[str], bool] | None
     deny: bool
     mask_text: str
+    possible: Callable[[str], bool] | None = None
 
     def hits(self, text: str) -> bool:
+        if self.possible is not None and not self.possible(text):
+            return False
         return any(self.valid is None or self.valid(m.group()) for m in self.pattern.finditer(text))
 
     def mask(self, text: str) -> tuple[str, int]:
+        if self.possible is not None and not self.possible(text):
+            return text, 0
+        if self.valid is None:  # a template string is substituted in C, a callback per match is not
+            return self.pattern.subn(self.mask_text.replace("\\", "\\\\"), text)
         count = 0
 
         def replace(match: re.Match[str]) -> str:
@@ -54,13 +61,13 @@ class _Rule:
 def _compile(rule: GuardRule) -> _Rule:
     if rule.detector is not None:
         builtin = BUILTIN[rule.detector]
-        pattern, valid = builtin.pattern, builtin.valid
+        pattern, valid, possible = builtin.pattern, builtin.valid, builtin.possible
         if rule.ignore_case and not pattern.flags & re.IGNORECASE:
             pattern = re.compile(pattern.pattern, pattern.flags | re.IGNORECASE)
     else:
         assert rule.pattern is not None  # the config validator requires one of the two
-        pattern, valid = re.compile(rule.pattern, re.IGNORECASE if rule.ignore_case else 0), None
-    return _Rule(rule.name, pattern, valid, rule.action == "deny", rule.mask_text)
+        pattern, valid, possible = re.compile(rule.pattern, re.IGNORECASE if rule.ignore_case else 0), None, None
+    return _Rule(rule.name, pattern, valid, rule.action == "deny", rule.mask_text, possible)
 
 
 def _slots(api: Api, document: dict[str, Any]) -> Iterator[tuple[Any, Any]]:

@@ -114,3 +114,13 @@ def test_policy_checks_guard_tiers_and_duplicate_names() -> None:
         parse_policy(pools + "guard: {tiers: [gold], rules: [{name: e, detector: email}]}\n")
     with pytest.raises(ConfigError, match="duplicate guard rule"):
         parse_policy(pools + "guard: {rules: [{name: e, detector: email}, {name: e, detector: ipv4}]}\n")
+
+
+def test_replacement_is_literal_text() -> None:
+    literal = Guard(GuardConfig.model_validate({"rules": [
+        {"name": "a", "pattern": "(secret)", "replacement": r"\1 \g<0> \\"},
+        {"name": "b", "detector": "credit_card", "replacement": r"\1"},
+    ]}))
+    document = {"model": "m", "prompt": "secret 4111 1111 1111 1111"}
+    assert literal.screen(Api.COMPLETIONS, document).masked == {"a": 1, "b": 1}
+    assert document["prompt"] == r"\1 \g<0> \\ \1"
