@@ -36,6 +36,7 @@ from extproc.server.stores import build_fleet_sync, build_store
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
+from extproc.telemetry.pools import PoolCollector
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +148,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
     scraper.on_scrape = gateway.flow.kick_all  # fresh metrics may show room for queued requests
     registry.register(FlowCollector(gateway.flow))
+    registry.register(PoolCollector(
+        endpoints, gateway.health, lambda: snapshots.current.policy.scheduling.scrape.stale_after_ms / 1000))
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)

@@ -232,13 +232,17 @@ def test_render_errors_surface(chart: Chart) -> None:
 def test_dashboard_queries_use_the_service_metric_names() -> None:
     from prometheus_client import CollectorRegistry
 
+    from extproc.endpoints import EndpointRegistry
+    from extproc.endpoints.health import HealthConfig, HealthTracker
     from extproc.flow import FlowControlConfig, FlowController, Room
     from extproc.telemetry import GatewayMetrics
     from extproc.telemetry.flow import FlowCollector
+    from extproc.telemetry.pools import PoolCollector
 
     registry = CollectorRegistry()
     GatewayMetrics(registry)
     registry.register(FlowCollector(FlowController(FlowControlConfig(), lambda pool, now, reserve: Room(0.0, 0))))
+    registry.register(PoolCollector(EndpointRegistry(), HealthTracker(HealthConfig()), lambda: 1.0))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     # Families with labels have no samples until used: derive the exported names from the family types.
     exported = {family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]}
@@ -250,7 +254,8 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
     wanted = {"extproc_requests_total", "extproc_decision_seconds_bucket", "extproc_request_duration_seconds_bucket",
               "extproc_upstream_responses_total", "extproc_in_flight", "extproc_flow_queued",
               "extproc_flow_rejected_total", "extproc_flow_queue_wait_seconds_bucket", "extproc_limits_replayed_tokens",
-              "extproc_limits_admissions", "extproc_limits_optimistic_overshoots"}
+              "extproc_limits_admissions", "extproc_limits_optimistic_overshoots", "extproc_pool_requests_waiting",
+              "extproc_pool_endpoints_ready", "extproc_guard_matches_total"}
     assert wanted <= used
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
