@@ -174,6 +174,9 @@ class TierConfig(_Strict):
     priority: str | None = None
     max_priority: str | None = None
     weight: float = Field(default=1.0, gt=0, le=1000)
+    # Most output tokens a request of the tier may ask for: higher (or absent) max_tokens is lowered to it
+    # in the body vLLM gets, so the reservation of a token budget is the request's true upper bound.
+    max_output_tokens: int | None = Field(default=None, ge=1)
     limits: TierLimits = TierLimits()  # the tenant's total over all models
     model_limits: TierLimits = TierLimits()  # the tenant on each model separately
 

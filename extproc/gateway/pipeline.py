@@ -36,6 +36,7 @@ from extproc.openai import (
     ApiError,
     InferenceRequest,
     api_for_path,
+    cap_output_tokens,
     estimate_tokens,
     parse_request,
     rewrite_body,
@@ -77,7 +78,7 @@ class Exchange:
     limited: bool = False  # the tenant has limits: its responses carry x-ratelimit-* headers
     klass: str = ""  # flow-control priority class ("" when flow control is off)
     tokens: int = 0  # estimated prompt + expected completion tokens
-    masked: bool = False  # the content guard changed the body
+    body_changed: bool = False  # the content guard masked text, or the tier's output cap applied
     ticket: Ticket | None = None  # its place in the admission queue, while it has one
 
 
@@ -310,7 +311,11 @@ class Gateway:
         if guard is not None and guard.applies_to(exchange.tenant.tier):
             masked = guard.apply(request, self._count_guard if counting else None)
             if masked is not None:
-                request, exchange.masked = masked, True
+                request, exchange.body_changed = masked, True
+        cap = exchange.snapshot.policy.tiers[exchange.tenant.tier].max_output_tokens
+        capped = cap_output_tokens(request, cap) if cap is not None else None
+        if capped is not None:
+            request, exchange.body_changed = capped, True
         exchange.request = request
         exchange.model = request.model
         split = exchange.snapshot.splits.get(request.model)
@@ -371,7 +376,7 @@ class Gateway:
         want_usage = request.stream and not request.include_usage and (
             exchange.reservation is not None or bool(exchange.snapshot.policy.audit.path))
         new_body = rewrite_body(request.document, pool.model if rewrite else None, want_usage) if (
-            rewrite or want_usage or exchange.masked) else None
+            rewrite or want_usage or exchange.body_changed) else None
         headers: list[tuple[str, str]] = [
             (envoy.cluster_header, pool.name),
             (envoy.endpoint_header, ",".join(addresses)),

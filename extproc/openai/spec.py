@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from extproc.openai.errors import ApiError, bad_request, too_large
@@ -151,6 +151,26 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int) -> I
     )
 
 
+_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
+def cap_output_tokens(request: InferenceRequest, cap: int) -> InferenceRequest | None:
+    """The request with its output limited to `cap` tokens (fields over it lowered, `max_tokens` set when
+    it named none; the document is changed in place), or None when it already asks for at most `cap`.
+    Embeddings have no output to cap."""
+    if request.api is Api.EMBEDDINGS or (request.max_output_tokens is not None and request.max_output_tokens <= cap):
+        return None
+    document = request.document
+    present = [name for name in _OUTPUT_FIELDS if document.get(name) is not None]
+    if not present:
+        document["max_tokens"] = cap
+    for name in present:
+        value = document[name]
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            document[name] = cap
+    return replace(request, max_output_tokens=cap)
+
+
 def rewrite_body(document: dict[str, Any], model: str | None, include_usage: bool = False) -> bytes:
     """Serialise the body with `model` replaced (alias -> served name) and/or usage requested in streams."""
     updated = dict(document)
@@ -162,5 +182,5 @@ def rewrite_body(document: dict[str, Any], model: str | None, include_usage: boo
     return json.dumps(updated, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "parse_request", "prompt_text",
-           "rewrite_body"]
+__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "cap_output_tokens", "parse_request",
+           "prompt_text", "rewrite_body"]

@@ -7,6 +7,8 @@ from prometheus_client import CollectorRegistry
 from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway import Gateway, RequestHead, Respond, Route, SnapshotHolder
+from extproc.gateway.admission import Admission
+from extproc.limits.types import AdmitResult
 from extproc.telemetry import GatewayMetrics
 
 POLICY = """\
@@ -239,3 +241,21 @@ guard:
     assert error_of(refused) == (400, "content_policy_violation")
     assert count("injection", "deny") == 1
     gateway.finish(exchange)
+
+
+def test_tier_output_cap_bounds_the_reservation_and_the_body() -> None:
+    policy = POLICY + "tiers:\n  default: {max_output_tokens: 32, limits: {tokens_per_min: 10000}}\n"
+    gateway = Gateway(SnapshotHolder(parse_policy(policy)), EndpointRegistry(), GatewayMetrics(CollectorRegistry()),
+                      clock=lambda: 0.0)
+    for asked, expected in ((None, 32), (4000, 32), (8, 8)):
+        exchange, _ = gateway.request_headers(head())
+        extra = {} if asked is None else {"max_tokens": asked}
+        admission = gateway.request_body(exchange, chat(model="org/chat-8b", **extra))
+        assert isinstance(admission, Admission)
+        prompt = admission.request.tokens - expected  # the reservation: prompt estimate + the capped output
+        assert 0 < prompt < 16
+        decision = gateway.admitted(exchange, AdmitResult(True, states=()))
+        assert isinstance(decision, Route)
+        body = json.loads(decision.body) if decision.body is not None else None
+        assert (body["max_tokens"] if body else asked) == expected  # a cap changes the body; 8 leaves it alone
+        gateway.finish(exchange)

@@ -1,10 +1,11 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
-from extproc.openai import Api, ApiError, api_for_path, estimate_tokens, parse_request, rewrite_body
+from extproc.openai import Api, ApiError, api_for_path, cap_output_tokens, estimate_tokens, parse_request, rewrite_body
 
 
 def parse(api: Api, body: bytes | dict[str, object], max_bytes: int = 1 << 20, max_depth: int = 8):  # type: ignore[no-untyped-def]
@@ -96,3 +97,26 @@ def test_rewrite_body_keeps_other_fields() -> None:
 def test_estimate_tokens() -> None:
     assert estimate_tokens("") == 0
     assert estimate_tokens("abcd" * 100) == 100
+
+
+@pytest.mark.parametrize(("api", "fields", "expected"), [
+    (Api.CHAT, {}, {"max_tokens": 64}),
+    (Api.CHAT, {"max_tokens": 500}, {"max_tokens": 64}),
+    (Api.CHAT, {"max_completion_tokens": 500, "max_tokens": 10}, {"max_completion_tokens": 64, "max_tokens": 10}),
+    (Api.COMPLETIONS, {"max_tokens": None}, {"max_tokens": 64}),
+])
+def test_output_cap_lowers_or_sets_the_limit(api: Api, fields: dict[str, Any], expected: dict[str, Any]) -> None:
+    key = "messages" if api is Api.CHAT else "prompt"
+    body = {"model": "m", key: [{"role": "user", "content": "hi"}] if api is Api.CHAT else "hi", **fields}
+    request = parse_request(api, json.dumps(body).encode(), max_bytes=10_000, max_depth=8)
+    capped = cap_output_tokens(request, 64)
+    assert capped is not None and capped.max_output_tokens == 64
+    assert {k: capped.document[k] for k in expected} == expected
+
+
+def test_output_cap_leaves_smaller_limits_and_embeddings_alone() -> None:
+    small = parse_request(Api.CHAT, json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}],
+                                                "max_tokens": 8}).encode(), max_bytes=10_000, max_depth=8)
+    assert cap_output_tokens(small, 64) is None
+    embed = parse_request(Api.EMBEDDINGS, b'{"model": "e", "input": "x"}', max_bytes=10_000, max_depth=8)
+    assert cap_output_tokens(embed, 64) is None and "max_tokens" not in embed.document
