@@ -204,6 +204,9 @@ class LimitsConfig(_Strict):
     decision_deadline_ms: float = Field(default=5.0, gt=0, le=1000)
     # Expected completion when a request sets no max_tokens: reserved, then corrected to real usage.
     default_output_tokens: int = Field(default=256, ge=1)
+    # Prompt estimates (characters / 4) corrected per pool by a fit against the engines' usage.prompt_tokens
+    # from the access log (extproc/gateway/calibration.py); false = the raw estimate.
+    calibrate_prompt_tokens: bool = True
     lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
     # Redis: admit without waiting for the store while its last reply (at most optimistic_max_age_ms
     # old) left room for the request within this replica's share; near a limit, wait for Redis.

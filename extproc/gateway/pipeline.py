@@ -26,6 +26,7 @@ from extproc.gateway.admission import (
     refused_dimension,
 )
 from extproc.gateway.auth import Authenticator
+from extproc.gateway.calibration import PromptCalibration
 from extproc.gateway.priority import overloaded, priority_class
 from extproc.gateway.snapshot import Snapshot, SnapshotHolder
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
@@ -79,6 +80,7 @@ class Exchange:
     klass: str = ""  # flow-control priority class ("" when flow control is off)
     tokens: int = 0  # estimated prompt + expected completion tokens
     body_changed: bool = False  # the content guard masked text, or the tier's output cap applied
+    prompt_estimate: int = 0  # raw character estimate of the prompt's tokens (calibration learns from it)
     ticket: Ticket | None = None  # its place in the admission queue, while it has one
 
 
@@ -107,6 +109,7 @@ class Gateway:
         rollouts: Rollouts | None = None,
     ) -> None:
         self.rollouts = rollouts
+        self.calibration = PromptCalibration()
         self.discovered: dict[str, tuple[str, ...]] = {}  # pool -> addresses from DNS discovery
         self._snapshots = snapshots
         self._wall_clock = wall_clock
@@ -180,7 +183,7 @@ class Gateway:
         head = exchange.head
         return SchedulingRequest(
             model=request.model,
-            prompt_tokens=estimate_tokens(request.prompt_text),
+            prompt_tokens=self._prompt_tokens(exchange, request, pool.name),
             max_output_tokens=request.max_output_tokens,
             prefix_blocks=prefix_blocks(request.prompt_text) if profile.needs_prefix else (),
             lora=request.model if request.model in pool.lora_adapters else None,
@@ -232,7 +235,7 @@ class Gateway:
         started = self._clock()
         try:
             request, pool = self._resolve(exchange, body)
-            tokens = estimate_tokens(request.prompt_text) + (
+            tokens = self._prompt_tokens(exchange, request, pool.name) + (
                 request.max_output_tokens or exchange.snapshot.policy.limits.default_output_tokens)
             exchange.tokens = tokens
             policy = exchange.snapshot.policy
@@ -296,6 +299,14 @@ class Gateway:
     def _shed(self, exchange: Exchange, rejected: Rejected) -> Respond:
         self._metrics.flow_rejected.labels(exchange.pool, rejected.klass, rejected.reason).inc()
         return self._reject(exchange, overloaded(rejected))
+
+    def _prompt_tokens(self, exchange: Exchange, request: InferenceRequest, pool: str) -> int:
+        """The prompt's estimated tokens, calibrated against the pool's real counts when enabled."""
+        if not exchange.prompt_estimate:
+            exchange.prompt_estimate = estimate_tokens(request.prompt_text)
+        if not exchange.snapshot.policy.limits.calibrate_prompt_tokens:
+            return exchange.prompt_estimate
+        return self.calibration.tokens(pool, exchange.prompt_estimate)
 
     def _count_guard(self, rule: str, action: str, matches: int) -> None:
         self._metrics.guard_matches.labels(rule, action).inc(matches)
@@ -402,6 +413,7 @@ class Gateway:
         """Carried in Envoy's dynamic metadata to the access log, where any replica can settle usage."""
         meta = self._who(exchange)
         meta["pool"] = exchange.pool
+        meta["prompt_estimate"] = exchange.prompt_estimate
         held = exchange.reservation
         if held is not None:
             meta["reservation"] = encode_reservation(held)

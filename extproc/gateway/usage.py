@@ -29,6 +29,7 @@ class UsageReport:
     # From the start of the request: first / last byte received from upstream (TTFT / e2e proxies).
     first_byte_s: float | None = None
     last_byte_s: float | None = None
+    prompt_estimate: int | None = None  # our raw estimate of the prompt's tokens, from the route's metadata
 
 
 def encode_reservation(reservation: Reservation) -> str:

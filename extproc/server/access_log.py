@@ -66,6 +66,7 @@ def usage_report(entry: accesslog_pb2.HTTPAccessLogEntry) -> UsageReport:
         response_flags=",".join(flag_names),
         first_byte_s=_seconds(common.time_to_first_upstream_rx_byte),
         last_byte_s=_seconds(common.time_to_last_upstream_rx_byte),
+        prompt_estimate=_number(ours, "prompt_estimate"),
     )
 
 
@@ -80,11 +81,13 @@ def _seconds(duration: Any) -> float | None:
 class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
     def __init__(self, store: Store, metrics: GatewayMetrics,
                  on_outcome: Callable[[str, str | None, bool, float | None], None] | None = None,
-                 on_pool_outcome: Callable[[str, bool, float | None, float | None], None] | None = None) -> None:
+                 on_pool_outcome: Callable[[str, bool, float | None, float | None], None] | None = None,
+                 on_prompt_usage: Callable[[str, int, int], None] | None = None) -> None:
         self._store = store
         self._metrics = metrics
         self._on_outcome = on_outcome
         self._on_pool_outcome = on_pool_outcome  # canary analysis: (pool, ok, ttft_s, tpot_s)
+        self._on_prompt_usage = on_prompt_usage  # prompt calibration: (pool, our estimate, real prompt tokens)
         self.entries_total = 0
         self.settled_total = 0
 
@@ -110,6 +113,9 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         if self._on_outcome is not None and report.upstream_host and report.pool:
             ok = 0 < report.status < 500 and not _failed(report)
             self._on_outcome(report.upstream_host, report.pool, ok, report.first_byte_s)
+        if (self._on_prompt_usage is not None and report.pool and report.prompt_estimate
+                and report.prompt_tokens):
+            self._on_prompt_usage(report.pool, report.prompt_estimate, report.prompt_tokens)
         if report.prompt_tokens is not None and report.completion_tokens is not None:
             self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
             self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)

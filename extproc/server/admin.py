@@ -49,7 +49,8 @@ def build_admin_app(
             ]
             for pool in endpoints.pools()
         }
-        return web.json_response({"config_version": snapshots.current.version, "pools": data})
+        return web.json_response({"config_version": snapshots.current.version, "pools": data,
+                                  "prompt_calibration": gateway.calibration.describe()})
 
     async def explain(request: web.Request) -> web.Response:
         """POST {"path", "method"?, "headers"?, "body": object|string} -> the decision it would get now."""

@@ -141,7 +141,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS)
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store), server)
-    access_log = AccessLogService(store, metrics, gateway.record_outcome, rollouts.record)
+    access_log = AccessLogService(store, metrics, gateway.record_outcome, rollouts.record,
+                                  on_prompt_usage=gateway.calibration.observe)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -259,3 +259,26 @@ def test_tier_output_cap_bounds_the_reservation_and_the_body() -> None:
         body = json.loads(decision.body) if decision.body is not None else None
         assert (body["max_tokens"] if body else asked) == expected  # a cap changes the body; 8 leaves it alone
         gateway.finish(exchange)
+
+
+def test_prompt_estimates_are_calibrated_per_pool_and_travel_raw_in_the_metadata() -> None:
+    def admitted_tokens(policy_text: str, observe: bool) -> tuple[int, int]:
+        gateway = Gateway(SnapshotHolder(parse_policy(policy_text)), EndpointRegistry(),
+                          GatewayMetrics(CollectorRegistry()), clock=lambda: 0.0)
+        if observe:
+            for estimate in range(5, 45):
+                gateway.calibration.observe("chat", estimate, 10 + 2 * estimate)
+        exchange, _ = gateway.request_headers(head())
+        admission = gateway.request_body(exchange, chat(model="org/chat-8b", max_tokens=100))
+        assert isinstance(admission, Admission)
+        route = gateway.admitted(exchange, AdmitResult(True, states=()))
+        assert isinstance(route, Route) and route.metadata is not None
+        return admission.request.tokens - 100, route.metadata["prompt_estimate"]
+
+    limited = POLICY + "tiers:\n  default: {limits: {tokens_per_min: 10000}}\n"
+    raw, sent = admitted_tokens(limited, observe=False)
+    assert raw == sent > 0  # nothing learned yet: the raw estimate
+    calibrated, sent = admitted_tokens(limited, observe=True)
+    assert (calibrated, sent) == (10 + 2 * raw, raw)  # reserved calibrated; the raw one goes to the access log
+    off, _ = admitted_tokens(limited + "limits: {calibrate_prompt_tokens: false}\n", observe=True)
+    assert off == raw

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from extproc.gateway.calibration import PromptCalibration
+
+
+def test_raw_estimate_until_enough_samples_then_the_fitted_line() -> None:
+    calibration = PromptCalibration(min_samples=20)
+    rng = random.Random(3)
+    for _ in range(19):
+        estimate = rng.randint(5, 500)
+        calibration.observe("chat", estimate, 12 + round(1.3 * estimate))  # template overhead + tokenizer ratio
+        assert calibration.tokens("chat", 100) == 100
+    calibration.observe("chat", 50, 12 + 65)
+    assert calibration.tokens("chat", 100) == 142
+    assert calibration.tokens("chat", 10) == 25
+    assert calibration.tokens("other", 100) == 100  # per pool
+    fit = calibration.describe()["chat"]
+    assert fit["observations"] == 20 and fit["slope"] == pytest.approx(1.3, abs=0.01)
+    assert fit["intercept"] == pytest.approx(12, abs=0.5)
+
+
+def test_one_prompt_length_gives_a_ratio_and_nonsense_is_ignored_or_clamped() -> None:
+    calibration = PromptCalibration(min_samples=3)
+    for _ in range(3):
+        calibration.observe("p", 40, 60)
+    assert calibration.tokens("p", 40) == 60 and calibration.tokens("p", 80) == 120
+    calibration.observe("p", 0, 50)  # no estimate: nothing learned
+    calibration.observe("p", 30, 0)
+    assert calibration.describe()["p"]["observations"] == 3
+    wild = PromptCalibration(min_samples=2)
+    wild.observe("p", 10, 1000)
+    wild.observe("p", 20, 5000)
+    assert wild.describe()["p"]["slope"] == 4.0  # clamped
+    assert wild.tokens("p", 0) == 0
+
+
+def test_recent_traffic_wins_after_a_model_change() -> None:
+    calibration = PromptCalibration(half_life=50, min_samples=10)
+    for estimate in range(10, 410):
+        calibration.observe("p", estimate, estimate)  # ratio 1
+    for estimate in range(10, 410):
+        calibration.observe("p", estimate, 2 * estimate)  # a new tokenizer: twice the tokens
+    assert calibration.tokens("p", 200) == pytest.approx(400, rel=0.02)
