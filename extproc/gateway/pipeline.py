@@ -10,7 +10,6 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from extproc.config import PoolConfig
@@ -27,13 +26,12 @@ from extproc.gateway.admission import (
 )
 from extproc.gateway.auth import Authenticator
 from extproc.gateway.calibration import PromptCalibration
+from extproc.gateway.exchange import JSON_HEADERS, Exchange, Queued, error_response, route_metadata, who
 from extproc.gateway.priority import overloaded, priority_class
-from extproc.gateway.snapshot import Snapshot, SnapshotHolder
+from extproc.gateway.snapshot import SnapshotHolder
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
-from extproc.gateway.usage import encode_reservation
-from extproc.limits.types import AdmitRequest, AdmitResult, LimitState, Reservation
+from extproc.limits.types import AdmitResult, Reservation
 from extproc.openai import (
-    Api,
     ApiError,
     InferenceRequest,
     api_for_path,
@@ -48,53 +46,9 @@ from extproc.rollout.controller import Rollouts
 from extproc.rollout.split import select_pool
 from extproc.scheduling import Explanation, Scheduler, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
-from extproc.tenants import ANONYMOUS, Tenant
+from extproc.tenants import ANONYMOUS
 
-_JSON = (("content-type", "application/json"),)
 _LATENCY_EWMA_ALPHA = 0.2
-
-
-@dataclass(slots=True, eq=False)
-class Exchange:
-    """Routing state of one HTTP exchange, from request headers to the end of the stream."""
-
-    head: RequestHead
-    snapshot: Snapshot
-    api: Api | None
-    started: float
-    request: InferenceRequest | None = None
-    pool: str = ""
-    model: str = ""
-    outcome: str = "incomplete"
-    status: int | None = None
-    routed_at: float | None = None
-    leases: list[Lease] = field(default_factory=list)
-    finished: bool = False
-    tenant: Tenant = ANONYMOUS
-    request_id: str = ""
-    admission: AdmitRequest | None = None
-    reservation: Reservation | None = None
-    limit_states: tuple[LimitState, ...] = ()
-    body: bytes = b""
-    limited: bool = False  # the tenant has limits: its responses carry x-ratelimit-* headers
-    klass: str = ""  # flow-control priority class ("" when flow control is off)
-    tokens: int = 0  # estimated prompt + expected completion tokens
-    body_changed: bool = False  # the content guard masked text, or the tier's output cap applied
-    prompt_estimate: int = 0  # raw character estimate of the prompt's tokens (calibration learns from it)
-    ticket: Ticket | None = None  # its place in the admission queue, while it has one
-
-
-@dataclass(frozen=True, slots=True)
-class Queued:
-    """Returned when the request waits for room in its pool: the server awaits `ticket.wait()`, then
-    calls `Gateway.dequeued`."""
-
-    ticket: Ticket
-
-
-def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> Respond:
-    return Respond(error.status, error.body(), _JSON + error.headers, details=error.code or error.type,
-                   metadata=metadata)
 
 
 class Gateway:
@@ -203,7 +157,7 @@ class Gateway:
         if exchange.api is None:
             if path.rstrip("/") == "/v1/models" and head.method == "GET":
                 exchange.outcome = "models"
-                return exchange, Respond(200, snapshot.models_listing, _JSON, details="models")
+                return exchange, Respond(200, snapshot.models_listing, JSON_HEADERS, details="models")
             return exchange, self._reject(exchange, oai.not_found(path))
         if head.method != "POST":
             return exchange, self._reject(exchange, oai.method_not_allowed(head.method, path))
@@ -394,30 +348,7 @@ class Gateway:
         ]
         if new_body is not None:
             headers.append(("content-length", str(len(new_body))))
-        return Route(pool.name, addresses, tuple(headers), new_body, self._route_metadata(exchange))
-
-    @staticmethod
-    def _who(exchange: Exchange) -> dict[str, Any]:
-        """Who asked for what, as far as known: Envoy's dynamic metadata for the access and audit logs."""
-        meta: dict[str, Any] = {"request_id": exchange.request_id or exchange.head.request_id}
-        tenant = exchange.tenant
-        if tenant is not ANONYMOUS or exchange.snapshot.policy.auth.mode == "none":
-            meta["tenant"] = tenant.name
-        if tenant.key:
-            meta["key"] = tenant.key
-        if exchange.model:
-            meta["model"] = exchange.model
-        return meta
-
-    def _route_metadata(self, exchange: Exchange) -> dict[str, Any]:
-        """Carried in Envoy's dynamic metadata to the access log, where any replica can settle usage."""
-        meta = self._who(exchange)
-        meta["pool"] = exchange.pool
-        meta["prompt_estimate"] = exchange.prompt_estimate
-        held = exchange.reservation
-        if held is not None:
-            meta["reservation"] = encode_reservation(held)
-        return meta
+        return Route(pool.name, addresses, tuple(headers), new_body, route_metadata(exchange))
 
     def _usable(self, pool: PoolConfig, now: float) -> list[Endpoint]:
         state = self._registry.pool(pool.name)
@@ -462,7 +393,7 @@ class Gateway:
     def _reject(self, exchange: Exchange, error: ApiError) -> Respond:
         exchange.outcome = f"rejected_{error.status}"
         exchange.status = error.status
-        return error_response(error, self._who(exchange))
+        return error_response(error, who(exchange))
 
     # -- outcome --------------------------------------------------------------------------------
     def response_headers(self, exchange: Exchange, status: int) -> tuple[tuple[str, str], ...]:

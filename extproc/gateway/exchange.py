@@ -1,0 +1,88 @@
+"""One HTTP exchange's routing state, and what it tells Envoy's dynamic metadata (namespace `extproc`):
+who asked for what, for the access log (usage settlement, prompt calibration) and the audit log."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from extproc.endpoints import Lease
+from extproc.flow import Ticket
+from extproc.gateway.snapshot import Snapshot
+from extproc.gateway.types import RequestHead, Respond
+from extproc.gateway.usage import encode_reservation
+from extproc.limits.types import AdmitRequest, LimitState, Reservation
+from extproc.openai import Api, ApiError, InferenceRequest
+from extproc.tenants import ANONYMOUS, Tenant
+
+__all__ = ["JSON_HEADERS", "Exchange", "Queued", "error_response", "route_metadata", "who"]
+
+JSON_HEADERS = (("content-type", "application/json"),)
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    """Routing state of one HTTP exchange, from request headers to the end of the stream."""
+
+    head: RequestHead
+    snapshot: Snapshot
+    api: Api | None
+    started: float
+    request: InferenceRequest | None = None
+    pool: str = ""
+    model: str = ""
+    outcome: str = "incomplete"
+    status: int | None = None
+    routed_at: float | None = None
+    leases: list[Lease] = field(default_factory=list)
+    finished: bool = False
+    tenant: Tenant = ANONYMOUS
+    request_id: str = ""
+    admission: AdmitRequest | None = None
+    reservation: Reservation | None = None
+    limit_states: tuple[LimitState, ...] = ()
+    body: bytes = b""
+    limited: bool = False  # the tenant has limits: its responses carry x-ratelimit-* headers
+    klass: str = ""  # flow-control priority class ("" when flow control is off)
+    tokens: int = 0  # estimated prompt + expected completion tokens
+    body_changed: bool = False  # the content guard masked text, or the tier's output cap applied
+    prompt_estimate: int = 0  # raw character estimate of the prompt's tokens (calibration learns from it)
+    ticket: Ticket | None = None  # its place in the admission queue, while it has one
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """Returned when the request waits for room in its pool: the server awaits `ticket.wait()`, then
+    calls `Gateway.dequeued`."""
+
+    ticket: Ticket
+
+
+def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> Respond:
+    return Respond(error.status, error.body(), JSON_HEADERS + error.headers, details=error.code or error.type,
+                   metadata=metadata)
+
+
+def who(exchange: Exchange) -> dict[str, Any]:
+    """Who asked for what, as far as known: Envoy's dynamic metadata for the access and audit logs."""
+    meta: dict[str, Any] = {"request_id": exchange.request_id or exchange.head.request_id}
+    tenant = exchange.tenant
+    if tenant is not ANONYMOUS or exchange.snapshot.policy.auth.mode == "none":
+        meta["tenant"] = tenant.name
+    if tenant.key:
+        meta["key"] = tenant.key
+    if exchange.model:
+        meta["model"] = exchange.model
+    return meta
+
+
+def route_metadata(exchange: Exchange) -> dict[str, Any]:
+    """Carried in Envoy's dynamic metadata to the access log, where any replica can settle usage and learn
+    how its prompt estimate compares with the engine's count."""
+    meta = who(exchange)
+    meta["pool"] = exchange.pool
+    meta["prompt_estimate"] = exchange.prompt_estimate
+    held = exchange.reservation
+    if held is not None:
+        meta["reservation"] = encode_reservation(held)
+    return meta
