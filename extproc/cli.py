@@ -124,6 +124,10 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
                "Token limits across service replicas sharing Redis: one tenant at 5x its limit.",
                "Token limits across service replicas sharing Redis: one tenant offered 5x its tokens per minute; "
                "prints the tokens it really consumed per minute and the other tenants' latency."),
+    "burst": ("extproc.bench.burst", "run_burst",
+              "How far a burst overshoots a token budget before usage settles (output cap, prompt calibration).",
+              "One tenant's burst of concurrent requests against its tokens per minute, with and without the "
+              "tier output cap and the prompt calibration; prints the tokens really used as a share of the budget."),
     "routing": ("extproc.bench.routing", "run_routing",
                 "TTFT, prefix-cache hit rate and load spread: Envoy LB policies vs our profiles.",
                 "Open-loop load against a simulated fleet through real Envoy, for Envoy's own round-robin and "
