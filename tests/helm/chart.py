@@ -202,3 +202,46 @@ def istio_routes(objects: list[dict[str, Any]], routes: list[dict[str, Any]]) ->
         else:
             assert operation == "MERGE", operation
     return routes
+
+
+_HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
+
+
+def istio_bootstrap(objects: list[dict[str, Any]], policy_bootstrap: dict[str, Any], routes: list[dict[str, Any]],
+                    *, local_extproc: bool) -> dict[str, Any]:
+    """`policy_bootstrap` (render_static of the chart's policy) with its listener replaced by what Istio would
+    generate for one virtual host of VirtualService `routes` (HTTP connection manager with the router only),
+    and the EnvoyFilter's patches applied as istiod applies them (filter inserts, protobuf MERGEs, route
+    inserts, added clusters).
+
+    local_extproc: ext_proc and access-log traffic goes to the renderer's ext_proc cluster (to run it);
+    otherwise the patches keep their cluster names and the renderer's cluster stands in for Istio's own
+    outbound cluster of the extproc Service when the chart does not add one."""
+    from extproc.xds.render import EXTPROC_CLUSTER
+
+    bootstrap = copy.deepcopy(policy_bootstrap)
+    static = bootstrap["static_resources"]
+    ext_proc = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]
+    wanted = ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
+    if local_extproc:
+        objects = json.loads(json.dumps(objects).replace(json.dumps(wanted), json.dumps(EXTPROC_CLUSTER)))
+        wanted = EXTPROC_CLUSTER
+    listener = static["listeners"][0]
+    del listener["per_connection_buffer_limit_bytes"]  # Istio's listener has none until the chart's MERGE
+    hcm = istio_hcm(objects, {
+        "@type": _HCM, "stat_prefix": "outbound_0.0.0.0_8080", "codec_type": "AUTO",
+        "route_config": {"name": "http.8080", "virtual_hosts": [
+            {"name": "llm", "domains": ["*"], "routes": istio_routes(objects, routes)}]},
+    })
+    hcm["http_filters"] = istio_filter_chain(objects, wanted)
+    listener["filter_chains"] = [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
+                                               "typed_config": hcm}]}]
+    for patch in config_patches(objects, "LISTENER"):
+        merge_patch(listener, patch["patch"]["value"])
+    extproc = next(c for c in static["clusters"] if c["name"] == EXTPROC_CLUSTER)
+    added = [patch["patch"]["value"] for patch in config_patches(objects, "CLUSTER")]
+    if wanted not in {c["name"] for c in added}:
+        added.append({**copy.deepcopy(extproc), "name": wanted,
+                      "load_assignment": {**extproc["load_assignment"], "cluster_name": wanted}})
+    static["clusters"] = added
+    return bootstrap

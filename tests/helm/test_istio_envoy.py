@@ -9,7 +9,6 @@ by sending our routing header.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,8 @@ from extproc.bench.loadgen import Sample
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
 from extproc.config import Policy
-from extproc.xds.render import EXTPROC_CLUSTER, dump, render_static
-from tests.helm.chart import Chart, config_patches, istio_filter_chain, istio_hcm, istio_routes, merge_patch
+from extproc.xds.render import dump, render_static
+from tests.helm.chart import Chart, istio_bootstrap
 from tests.support import kill_and_restart
 
 pytestmark = pytest.mark.asyncio
@@ -29,43 +28,18 @@ pytestmark = pytest.mark.asyncio
 MAIN = SimPool("main", "org/main", 2, aliases=("main",))
 SPARE = SimPool("spare", "org/spare", 1, aliases=("spare",))
 FAIL_OPEN = {"failure_mode_allow": True, "fallback_pool": "main", "message_timeout_ms": 200}
-T = "type.googleapis.com/envoy."
 
 
 def istio_shaped(objects: list[dict[str, Any]], policy: Policy) -> dict[str, Any]:
-    """A bootstrap whose listener is what Istio would generate for a VirtualService route `llm` (to pool
-    `spare`, the one clients try to steer to) plus the EnvoyFilter's patches; ext_proc and access-log
-    traffic goes to the renderer's ext_proc cluster instead of Istio's outbound cluster of the Service."""
-    text = json.dumps(objects)
-    for patch in config_patches(objects, "HTTP_FILTER"):
-        service = patch["patch"]["value"]["typed_config"].get("grpc_service")
-        if service is not None:
-            text = text.replace(json.dumps(service["envoy_grpc"]["cluster_name"]), json.dumps(EXTPROC_CLUSTER))
-    objects = json.loads(text)
-    static = render_static(policy)
-    listener = static["static_resources"]["listeners"][0]
-    del listener["per_connection_buffer_limit_bytes"]
+    """The chart's patches on an Istio listener for a VirtualService route `llm` whose destination is pool
+    `spare` (the one clients try to steer to), with ext_proc traffic to the renderer's cluster."""
     routes = [{"name": "llm", "match": {"prefix": "/v1/"}, "route": {"cluster": "spare", "timeout": "0s"}}]
-    hcm = istio_hcm(objects, {
-        "@type": T + "extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-        "stat_prefix": "outbound_0.0.0.0_8080",
-        "codec_type": "AUTO",
-        "route_config": {"name": "http.8080", "virtual_hosts": [{
-            "name": "llm", "domains": ["*"], "routes": istio_routes(objects, routes),
-            # Where each response came from: the test's probe, not part of the chart.
-            "response_headers_to_add": [{"header": {"key": "x-gateway-upstream-host",
-                                                    "value": "%UPSTREAM_REMOTE_ADDRESS%"}}],
-        }]},
-    })
-    hcm["http_filters"] = istio_filter_chain(objects, EXTPROC_CLUSTER)
-    listener["filter_chains"] = [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
-                                               "typed_config": hcm}]}]
-    for patch in config_patches(objects, "LISTENER"):
-        merge_patch(listener, patch["patch"]["value"])
-    pools = [patch["patch"]["value"] for patch in config_patches(objects, "CLUSTER")]
-    extproc = [c for c in static["static_resources"]["clusters"] if c["name"] == EXTPROC_CLUSTER]
-    static["static_resources"]["clusters"] = extproc + pools
-    return static
+    bootstrap = istio_bootstrap(objects, render_static(policy), routes, local_extproc=True)
+    hcm = bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    # Where each response came from: the test's probe, not part of the chart.
+    hcm["route_config"]["virtual_hosts"][0]["response_headers_to_add"] = [
+        {"header": {"key": "x-gateway-upstream-host", "value": "%UPSTREAM_REMOTE_ADDRESS%"}}]
+    return bootstrap
 
 
 async def run(tmp_path: Path, chart: Chart, istio: dict[str, Any]) -> tuple[Stack, list[Sample]]:

@@ -1,13 +1,12 @@
 """The configuration the EnvoyFilter patches in is accepted by a real Envoy (`envoy --mode validate`).
 
-Istio is not available here, so the patches are applied by hand to the renderer's static config, the same
-way Istio would apply them: the filters go in front of the router, clusters are added, the listener and
-route are merged.
+Istio is not available here, so `tests.helm.chart.istio_bootstrap` applies the patches to an Istio-shaped
+listener the way istiod does: filters go in front of the router, the connection manager, listener and route
+are merged, the fail-open route is inserted, clusters are added.
 """
 
 from __future__ import annotations
 
-import copy
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,19 +15,16 @@ import pytest
 import yaml
 
 from extproc.config import parse_policy
-from extproc.xds.render import EXTPROC_CLUSTER, render_static
-from tests.helm.chart import (
-    Chart,
-    access_logs,
-    config_patches,
-    http_filter_patch,
-    istio_filter_chain,
-    policy_text,
-)
+from extproc.xds.render import render_static
+from tests.helm.chart import Chart, istio_bootstrap, policy_text
 from tests.support import envoy_binary
 
 SCENARIOS: dict[str, dict[str, Any]] = {
     "istio-gateway": {"mode": "istio-gateway"},
+    "istio-gateway+fail-open+audit+dns": {"mode": "istio-gateway", "policy": {
+        "envoy": {"failure_mode_allow": True, "fallback_pool": "chat"}, "audit": {"path": "/dev/stdout"},
+        "pools": [{"name": "chat", "model": "m", "discovery": {"dns": "vllm.llm.svc.cluster.local", "port": 8000}},
+                  {"name": "code", "model": "c", "endpoints": ["10.0.0.9:8000"]}]}},
     "istio-sidecar+dedicated+sse": {"mode": "istio-sidecar", "istio": {
         "extprocCluster": {"mode": "dedicated"}, "usageMetadata": {"sse": True}}},
 }
@@ -36,28 +32,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 def patched_bootstrap(objects: list[dict[str, Any]]) -> dict[str, Any]:
     policy = parse_policy(policy_text(objects))
-    bootstrap = render_static(policy)
-    static = bootstrap["static_resources"]
-    listener = static["listeners"][0]
-    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    ext_proc = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]
-    wanted = ext_proc["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"]
-    hcm["http_filters"] = istio_filter_chain(objects, wanted)
-    hcm["access_log"] = access_logs(objects)
-    for patch in config_patches(objects, "LISTENER"):
-        listener.update(patch["patch"]["value"])
-    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]["route"]
-    for patch in config_patches(objects, "HTTP_ROUTE"):
-        route.update(patch["patch"]["value"]["route"])
-
-    extproc = next(c for c in static["clusters"] if c["name"] == EXTPROC_CLUSTER)
-    added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER")]
-    if wanted not in {c["name"] for c in added}:
-        # Istio's own outbound cluster for the extproc Service: stand in with the rendered one.
-        added.append({**copy.deepcopy(extproc), "name": wanted,
-                      "load_assignment": {**extproc["load_assignment"], "cluster_name": wanted}})
-    static["clusters"] = added
-    return bootstrap
+    routes = [{"name": "llm", "match": {"prefix": "/v1/"}, "route": {"cluster": policy.pools[0].name}}]
+    return istio_bootstrap(objects, render_static(policy), routes, local_extproc=False)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
