@@ -7,9 +7,11 @@ metadata) next to `usage.prompt_tokens`. `PromptCalibration` fits real = a + b x
 squares over exponentially decayed sums (recent traffic weighs most; a model swap re-learns in about
 `half_life` exchanges) and answers calibrated estimates once it has seen `min_samples`.
 
-Any replica may receive any exchange's access log entry, but every replica sees a sample of the same traffic,
-so each learns the same relation. Estimates feed token-budget reservations (a burst admitted on
-under-estimates would overshoot before usage settles) and the scheduler's load figures.
+Envoy's access log streams go to whichever replicas its gRPC connections picked, so some replicas may see
+few entries. The fit's statistics are sums, so replicas sharing Redis add them up
+(`extproc.server.calibration_sync`): `export` gives this replica's sums, `adopt` the others', and estimates
+come from the combined fit once it has `min_samples`. Estimates feed token-budget reservations (a burst
+admitted on under-estimates would overshoot before usage settles) and the scheduler's load figures.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class PromptCalibration:
             raise ValueError("half_life and min_samples must be >= 1")
         self._decay = 0.5 ** (1.0 / half_life)
         self.min_samples = min_samples
-        self._fits: dict[str, _Fit] = {}
+        self._fits: dict[str, _Fit] = {}  # this replica's observations
+        self._shared: dict[str, _Fit] = {}  # combined with the other replicas' (last `adopt`)
 
     def observe(self, pool: str, estimate: int, real: int) -> None:
         """One exchange of `pool`: our raw estimate and the engine's usage.prompt_tokens."""
@@ -53,23 +56,56 @@ class PromptCalibration:
         fit.n, fit.sx, fit.sy = fit.n * d + 1.0, fit.sx * d + x, fit.sy * d + y
         fit.sxx, fit.sxy = fit.sxx * d + x * x, fit.sxy * d + x * y
         fit.seen += 1
-        mean_x, mean_y = fit.sx / fit.n, fit.sy / fit.n
-        variance = fit.sxx / fit.n - mean_x * mean_x
-        if variance > 1e-6 * max(1.0, mean_x * mean_x):
-            slope = (fit.sxy / fit.n - mean_x * mean_y) / variance
-            fit.slope = min(_MAX_SLOPE, max(_MIN_SLOPE, slope))
-            fit.intercept = mean_y - fit.slope * mean_x
-        else:  # prompts of one length so far: a ratio is all the data supports
-            fit.slope, fit.intercept = min(_MAX_SLOPE, max(_MIN_SLOPE, mean_y / mean_x)), 0.0
+        _solve(fit)
 
     def tokens(self, pool: str, estimate: int) -> int:
-        """The calibrated estimate (the raw one until the pool has `min_samples` observations)."""
-        fit = self._fits.get(pool)
+        """The calibrated estimate: from the fleet's combined fit, else this replica's, once it has
+        `min_samples` observations; the raw estimate before."""
+        fit = self._shared.get(pool)
+        if fit is None or fit.seen < self.min_samples:
+            fit = self._fits.get(pool)
         if fit is None or fit.seen < self.min_samples or estimate <= 0:
             return estimate
         return max(1, round(fit.intercept + fit.slope * estimate), round(_MIN_SLOPE * estimate))
 
+    def export(self) -> dict[str, list[float]]:
+        """This replica's sums per pool: [n, sx, sy, sxx, sxy, observations]."""
+        return {pool: [f.n, f.sx, f.sy, f.sxx, f.sxy, float(f.seen)] for pool, f in self._fits.items()}
+
+    def adopt(self, others: list[dict[str, list[float]]]) -> None:
+        """Combine the other replicas' exported sums with this replica's (the fleet's fit per pool)."""
+        shared: dict[str, _Fit] = {}
+        for sums in [self.export(), *others]:
+            for pool, values in sums.items():
+                if len(values) != 6 or not all(isinstance(v, int | float) for v in values):
+                    continue
+                fit = shared.setdefault(pool, _Fit())
+                fit.n, fit.sx, fit.sy = fit.n + values[0], fit.sx + values[1], fit.sy + values[2]
+                fit.sxx, fit.sxy, fit.seen = fit.sxx + values[3], fit.sxy + values[4], fit.seen + int(values[5])
+        for fit in shared.values():
+            if fit.n > 0:
+                _solve(fit)
+        self._shared = shared
+
     def describe(self) -> dict[str, dict[str, float]]:
-        """Per pool: observations, slope, intercept (for /debug and tests)."""
-        return {pool: {"observations": fit.seen, "slope": round(fit.slope, 4), "intercept": round(fit.intercept, 2)}
-                for pool, fit in self._fits.items()}
+        """Per pool: observations, slope, intercept of the fit in use (for /debug and tests)."""
+        described = {}
+        for pool in {*self._fits, *self._shared}:
+            fit = self._shared.get(pool)
+            if fit is None or fit.seen < self.min_samples:
+                fit = self._fits.get(pool, fit)
+            if fit is not None:
+                described[pool] = {"observations": fit.seen, "slope": round(fit.slope, 4),
+                                   "intercept": round(fit.intercept, 2)}
+        return described
+
+
+def _solve(fit: _Fit) -> None:
+    mean_x, mean_y = fit.sx / fit.n, fit.sy / fit.n
+    variance = fit.sxx / fit.n - mean_x * mean_x
+    if variance > 1e-6 * max(1.0, mean_x * mean_x):
+        slope = (fit.sxy / fit.n - mean_x * mean_y) / variance
+        fit.slope = min(_MAX_SLOPE, max(_MIN_SLOPE, slope))
+        fit.intercept = mean_y - fit.slope * mean_x
+    else:  # prompts of one length so far: a ratio is all the data supports
+        fit.slope, fit.intercept = min(_MAX_SLOPE, max(_MIN_SLOPE, mean_y / mean_x)), 0.0

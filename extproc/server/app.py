@@ -28,11 +28,12 @@ from extproc.limits.types import Store, StoreUnavailable
 from extproc.rollout.controller import Rollouts
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
+from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
-from extproc.server.stores import build_fleet_sync, build_store
+from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_store
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
@@ -69,6 +70,7 @@ class Service:
     policy_watcher: PolicyWatcher | None
     discovery: DnsDiscoverer
     fleet: FleetSync | None = None
+    calibration_sync: CalibrationSync | None = None
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -86,6 +88,8 @@ class Service:
         await self.scraper.start()
         if self.fleet is not None:
             await self.fleet.start()
+        if self.calibration_sync is not None:
+            await self.calibration_sync.start()
         await self.keys_watcher.start()
         await self.rollouts.start()
         if self.policy_watcher is not None:
@@ -115,6 +119,8 @@ class Service:
         await self.scraper.stop()
         if self.fleet is not None:
             await self.fleet.stop()
+        if self.calibration_sync is not None:
+            await self.calibration_sync.stop()
         await self.discovery.stop()
         await self.keys_watcher.stop()
         await self.rollouts.stop()
@@ -154,6 +160,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
+    service.calibration_sync = build_calibration_sync(policy, gateway.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, gateway.flow.kick_all)
     if fleet is not None:
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))

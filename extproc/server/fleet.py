@@ -30,7 +30,7 @@ from extproc.endpoints import EndpointRegistry
 from extproc.limits.resp import RespClient, Script
 from extproc.limits.types import StoreUnavailable
 
-__all__ = ["FLEET_KEY", "FleetSync", "parse_counts"]
+__all__ = ["FLEET_KEY", "FleetSync", "exchange", "parse_counts", "replica_name"]
 
 _log = logging.getLogger(__name__)
 
@@ -57,6 +57,68 @@ return fresh
 """)
 
 
+async def exchange(client: RespClient, key: str, replica_id: str, value: str, now: float,
+                   stale_after_s: float) -> dict[str, bytes]:
+    """Publish `value` ("<wall time> ...") as this replica's field of hash `key`; return the other replicas'
+    values not older than `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
+    ttl_ms = max(1000, int(stale_after_s * 2000))
+    cutoff = f"{now - stale_after_s:.3f}"
+    reply = await client.evalsha(_EXCHANGE, [key], [replica_id, value, ttl_ms, cutoff])
+    found: dict[str, bytes] = {}
+    for i in range(0, len(reply) - 1, 2):
+        field = reply[i].decode()
+        if field != replica_id:
+            found[field] = reply[i + 1]
+    return found
+
+
+def replica_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class ReplicaExchange:
+    """A background loop that runs `sync_once` every `interval_s` on its own Redis connection, counts and
+    logs (throttled) failures, and never dies of one."""
+
+    WHAT = "replica exchange"  # for task names and log lines
+    LOG_EVERY = 100  # failures between repeated warnings
+
+    def __init__(self, client: RespClient, interval_s: float) -> None:
+        self._client = client
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+        self.failures_total = 0
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=self.WHAT)
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        await cancel_and_wait(task)
+        await self._client.close()
+
+    async def sync_once(self) -> object:
+        raise NotImplementedError
+
+    def _failed(self) -> None:
+        """After a failed exchange (Redis unreachable or late)."""
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                await self.sync_once()
+            except StoreUnavailable as exc:
+                self.failures_total += 1
+                if self.failures_total == 1 or self.failures_total % self.LOG_EVERY == 0:
+                    _log.warning("%s failed (%d so far): %s", self.WHAT, self.failures_total, exc)
+                self._failed()
+            except Exception:  # never let the loop die
+                self.failures_total += 1
+                _log.exception("%s failed", self.WHAT)
+
+
 def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
     """A published value "<wall time> <address> <count> ..." -> (time, counts). Raises ValueError."""
     text = value.decode() if isinstance(value, bytes) else value
@@ -66,49 +128,34 @@ def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
     return float(parts[0]), {parts[i]: int(parts[i + 1]) for i in range(1, len(parts), 2)}
 
 
-class FleetSync:
+class FleetSync(ReplicaExchange):
     SCRIPTS = (_EXCHANGE,)
+    WHAT = "fleet in-flight sync"
+    LOG_EVERY = 1000
 
     def __init__(self, client: RespClient, endpoints: EndpointRegistry, interval_s: float, *,
                  stale_after_s: float | None = None, on_sync: Callable[[], None] | None = None,
                  replica_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
-        self._client = client
+        super().__init__(client, interval_s)
         self._endpoints = endpoints
-        self.interval_s = interval_s
         self._stale_after_s = stale_after_s if stale_after_s is not None else max(1.0, 10.0 * interval_s)
         self._on_sync = on_sync
-        self.replica_id = replica_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.replica_id = replica_id or replica_name()
         self._clock = clock
         self._others: dict[str, tuple[float, dict[str, int]]] = {}  # replica -> (time, counts)
-        self._task: asyncio.Task[None] | None = None
         self.syncs_total = 0
-        self.failures_total = 0
         self.replicas = 1  # replicas heard from within stale_after_s, this one included
-
-    async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name="fleet-sync")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-        await self._client.close()
 
     async def sync_once(self) -> None:
         """Publish this replica's counts, read the others', update every endpoint's `others_in_flight`."""
         now = self._clock()
         mine = " ".join(f"{ep.address} {ep.in_flight}" for ep in self._endpoints.endpoints() if ep.in_flight > 0)
         value = f"{now:.3f} {mine}" if mine else f"{now:.3f}"
-        ttl_ms = max(1000, int(self._stale_after_s * 2000))
-        cutoff = f"{now - self._stale_after_s:.3f}"
-        reply = await self._client.evalsha(_EXCHANGE, [FLEET_KEY], [self.replica_id, value, ttl_ms, cutoff])
+        values = await exchange(self._client, FLEET_KEY, self.replica_id, value, now, self._stale_after_s)
         others: dict[str, tuple[float, dict[str, int]]] = {}
-        for i in range(0, len(reply) - 1, 2):
-            field = reply[i].decode()
-            if field == self.replica_id:
-                continue
+        for field, raw in values.items():
             try:
-                others[field] = parse_counts(reply[i + 1])
+                others[field] = parse_counts(raw)
             except ValueError as exc:
                 _log.debug("ignoring fleet entry of %s: %s", field, exc)
         self._others = others
@@ -129,16 +176,5 @@ class FleetSync:
         if self._on_sync is not None:
             self._on_sync()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.sync_once()
-            except StoreUnavailable as exc:
-                self.failures_total += 1
-                if self.failures_total == 1 or self.failures_total % 1000 == 0:
-                    _log.warning("fleet in-flight sync failed (%d so far): %s", self.failures_total, exc)
-                self._apply(self._clock())  # counts age out: the others count as zero once stale
-            except Exception:  # never let the loop die
-                self.failures_total += 1
-                _log.exception("fleet in-flight sync failed")
+    def _failed(self) -> None:
+        self._apply(self._clock())  # counts age out: the others count as zero once stale

@@ -1,5 +1,5 @@
-"""Build the limit store a policy asks for (memory, or Redis with a failure policy), and the replicas'
-in-flight exchange through the same Redis."""
+"""Build the limit store a policy asks for (memory, or Redis with a failure policy), and what the replicas
+exchange through the same Redis (in-flight counts, prompt calibration)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,14 @@ from collections.abc import Callable
 
 from extproc.config import Policy
 from extproc.endpoints import EndpointRegistry
+from extproc.gateway.calibration import PromptCalibration
 from extproc.limits.failover import FailoverStore
 from extproc.limits.headroom import Headroom
 from extproc.limits.memory import MemoryStore
 from extproc.limits.redis_store import RedisStore
 from extproc.limits.resp import Address, RespClient
 from extproc.limits.types import Store
+from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
@@ -60,3 +62,12 @@ def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Calla
     interval_s = flow.fleet_sync_ms / 1000.0
     client = RespClient(Address.from_url(url), timeout_s=max(0.05, interval_s), scripts=FleetSync.SCRIPTS)
     return FleetSync(client, endpoints, interval_s, on_sync=on_sync)
+
+
+def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> CalibrationSync | None:
+    """Prompt calibration shared by the service replicas, when Redis is the limits store."""
+    url = _redis_url(policy)
+    if policy.limits.store != "redis" or not url or not policy.limits.calibrate_prompt_tokens:
+        return None
+    client = RespClient(Address.from_url(url), timeout_s=1.0, scripts=CalibrationSync.SCRIPTS)
+    return CalibrationSync(client, calibration)

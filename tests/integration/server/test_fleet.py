@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 from redis.asyncio import Redis
@@ -47,16 +46,6 @@ def test_published_values_parse() -> None:
     for bad in ("", "1 a", "x a 1"):
         with pytest.raises(ValueError):
             parse_counts(bad)
-
-
-@pytest.fixture
-def server() -> Iterator[RedisServer]:
-    """A redis-server of its own (the test kills it)."""
-    started = RedisServer().start()
-    try:
-        yield started
-    finally:
-        started.kill()
 
 
 async def test_replicas_see_each_others_in_flight_and_forget_a_silent_one(server: RedisServer) -> None:

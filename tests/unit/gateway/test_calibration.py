@@ -45,3 +45,19 @@ def test_recent_traffic_wins_after_a_model_change() -> None:
     for estimate in range(10, 410):
         calibration.observe("p", estimate, 2 * estimate)  # a new tokenizer: twice the tokens
     assert calibration.tokens("p", 200) == pytest.approx(400, rel=0.02)
+
+
+def test_replicas_combine_their_sums_into_one_fit() -> None:
+    everything, first, second = PromptCalibration(min_samples=10), PromptCalibration(min_samples=10), \
+        PromptCalibration(min_samples=10)
+    for estimate in range(10, 30):
+        for calibration in (everything, first if estimate % 2 else second):
+            calibration.observe("chat", estimate, 7 + 2 * estimate)
+    assert first.tokens("chat", 100) == 207  # 10 of its own: enough alone
+    lonely = PromptCalibration(min_samples=10)  # got no access log entries at all
+    assert lonely.tokens("chat", 100) == 100
+    lonely.adopt([first.export(), second.export()])
+    assert lonely.tokens("chat", 100) == everything.tokens("chat", 100) == 207
+    assert lonely.describe()["chat"]["observations"] == 20
+    lonely.adopt([{"chat": [1.0, "x"]}, {"other": [0, 0, 0, 0, 0, 0]}])  # malformed or empty: ignored
+    assert lonely.tokens("chat", 100) == 100 and lonely.tokens("other", 5) == 5

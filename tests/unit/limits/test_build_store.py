@@ -7,8 +7,9 @@ import yaml
 
 from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
+from extproc.gateway.calibration import PromptCalibration
 from extproc.limits import AdmitRequest, FailoverStore, MemoryStore, RedisStore, TokenBudget
-from extproc.server.stores import REDIS_URL_ENV, build_fleet_sync, build_store
+from extproc.server.stores import REDIS_URL_ENV, build_calibration_sync, build_fleet_sync, build_store
 
 
 def policy(limits: dict[str, object], extproc_endpoints: list[str] | None = None) -> str:
@@ -81,3 +82,17 @@ async def test_replicas_share_in_flight_counts_through_the_limits_redis(
     else:
         assert fleet is not None and fleet.interval_s == interval_s
         await fleet.stop()
+
+
+@pytest.mark.parametrize(("limits", "shared"), [
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, True),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0", "calibrate_prompt_tokens": False}, False),
+    ({}, False),  # one replica's memory store: nobody to share with
+])
+async def test_replicas_share_prompt_calibration_through_the_limits_redis(
+        monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], shared: bool) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    sync = build_calibration_sync(parse_policy(policy(limits), "p.yaml"), PromptCalibration())
+    assert (sync is not None) == shared
+    if sync is not None:
+        await sync.stop()

@@ -1,0 +1,55 @@
+"""Prompt calibration shared between service replicas through Redis.
+
+Envoy sends its access log over a few long-lived gRPC streams, so some replicas receive most exchanges'
+usage and others few or none. The calibration's statistics are sums (`PromptCalibration.export`), so
+every `interval_s` each replica publishes its own into one hash (`CALIBRATION_KEY`, field: replica id,
+value: wall time + JSON) and adds up the other fresh replicas' (`adopt`): every replica then estimates
+from the fleet's fit. Off the request path; a failed exchange keeps the last combined fit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+
+from extproc.gateway.calibration import PromptCalibration
+from extproc.limits.resp import RespClient
+from extproc.server.fleet import FleetSync, ReplicaExchange, exchange, replica_name
+
+__all__ = ["CALIBRATION_KEY", "CalibrationSync"]
+
+_log = logging.getLogger(__name__)
+
+CALIBRATION_KEY = "calib:prompt"
+
+
+class CalibrationSync(ReplicaExchange):
+    SCRIPTS = FleetSync.SCRIPTS
+    WHAT = "prompt calibration sync"
+
+    def __init__(self, client: RespClient, calibration: PromptCalibration, interval_s: float = 2.0, *,
+                 stale_after_s: float | None = None, replica_id: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        super().__init__(client, interval_s)
+        self._calibration = calibration
+        self._stale_after_s = stale_after_s if stale_after_s is not None else 5.0 * interval_s
+        self.replica_id = replica_id or replica_name()
+        self._clock = clock
+
+    async def sync_once(self) -> int:
+        """Publish this replica's sums, adopt the fleet's; returns how many other replicas contributed."""
+        now = self._clock()
+        value = f"{now:.3f} {json.dumps(self._calibration.export(), separators=(',', ':'))}"
+        values = await exchange(self._client, CALIBRATION_KEY, self.replica_id, value, now, self._stale_after_s)
+        others = []
+        for field, raw in values.items():
+            try:
+                parsed = json.loads(raw.decode().partition(" ")[2])
+                if isinstance(parsed, dict):
+                    others.append(parsed)
+            except (UnicodeDecodeError, ValueError) as exc:
+                _log.debug("ignoring calibration entry of %s: %s", field, exc)
+        self._calibration.adopt(others)
+        return len(others)
