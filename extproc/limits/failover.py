@@ -7,9 +7,10 @@ iteration where the deadline passes is not thrown away). On `StoreUnavailable` o
     request, so the fallback sees them scaled by `fallback_share` (the caller passes 1 / replicas):
     rates and burst, concurrency and budgets are multiplied (rounded up, at least 1), so the fleet
     stays near its limits while Redis is away. A share alone is blind to what the fleet already
-    took: each token budget is also capped, until the end of its current window, by what the
-    primary last reported remaining for it (`LimitState.remaining` of this replica's latest primary
-    admission in that window) minus the tokens admitted locally since (`Reports`);
+    took: each token budget is also capped, until the end of its current window, by this replica's share
+    of what the primary last reported remaining for it (`LimitState.remaining` of this replica's latest
+    primary admission in that window) minus the tokens admitted locally since (`Reports`), so the
+    replicas deciding alone together stay within what was left;
   - "fail-closed": refused with refused_by="store_unavailable" and `retry_after_s`.
 After a failure the primary is marked down and not asked again until `probe_backoff_s` has passed;
 then one admission probes it (others keep using the policy meanwhile) and success marks it up. A late
@@ -110,15 +111,16 @@ class Reports:
             else:
                 report.index, report.remaining, report.since = index, state.remaining, 0
 
-    def caps(self, request: AdmitRequest) -> tuple[float | None, ...]:
-        """Per budget: tokens the fallback may still admit in this window, or None (no report for it)."""
+    def caps(self, request: AdmitRequest, share: float = 1.0) -> tuple[float | None, ...]:
+        """Per budget: tokens the fallback may still admit in this window (`share` of what the primary last
+        reported left, minus what was admitted locally since), or None (no report for it)."""
         caps: list[float | None] = []
         for budget in request.budgets:
             report = self._latest.get((budget.key, budget.window_s))
             if report is None or report.index != window_index(request.now, budget.window_s):
                 caps.append(None)
             else:
-                caps.append(report.remaining - report.since)
+                caps.append(share * report.remaining - report.since)
         return tuple(caps) if any(cap is not None for cap in caps) else ()
 
     def admitted_locally(self, request: AdmitRequest) -> None:
@@ -311,7 +313,7 @@ class FailoverStore:
         self.degraded_admits_total += 1
         if self.policy == "fail-closed":
             return AdmitResult(admitted=False, refused_by=STORE_UNAVAILABLE, retry_after_s=self._retry_after_s)
-        result = self._fallback.admit_now(share_of(request, self._share), self.reports.caps(request))
+        result = self._fallback.admit_now(share_of(request, self._share), self.reports.caps(request, self._share))
         if result.admitted and (request.concurrency or request.budgets):
             self.reports.admitted_locally(request)
             tokens = max(0, request.tokens)

@@ -82,19 +82,20 @@ async def tokens_in_primary(primary: FlakyPrimary, at: float) -> float:
     return TPM.limit - probe.states[0].remaining
 
 
-async def test_fallback_is_capped_by_what_the_primary_last_reported() -> None:
+async def test_fallback_is_capped_by_its_share_of_what_the_primary_last_reported() -> None:
     store, primary, _ = make()
     assert (await store.admit(req("a", T0 + 1, 800))).admitted  # the primary has 100 left
     primary.down = True
-    # the share alone (300) would admit 200; the primary said only 100 were left in this window
-    local = await store.admit(req("b", T0 + 2, 60))
-    assert local.admitted and local.states[0].remaining == 40.0
-    refused = await store.admit(req("c", T0 + 3, 60))
+    # The share alone (300) would admit 200; this replica may take a third of the 100 reported left, so
+    # three replicas deciding alone together stay within it.
+    local = await store.admit(req("b", T0 + 2, 20))
+    assert local.admitted
+    refused = await store.admit(req("c", T0 + 3, 20))
     assert (refused.admitted, refused.refused_by) == (False, "tokens:t:tpm")
-    assert refused.states[0].remaining == 40.0
     assert refused.retry_after_s == pytest.approx(57.0, abs=1e-3)  # the cap ends with the window
-    assert (await store.admit(req("d", T0 + 4, 40))).admitted
-    assert store.degraded_admits_total == 3
+    assert (await store.admit(req("d", T0 + 4, 13))).admitted  # 20 + 13 of the 33.3
+    assert not (await store.admit(req("e", T0 + 4, 1))).admitted
+    assert store.degraded_admits_total == 4
 
 
 async def test_a_refusing_primary_leaves_nothing_to_the_fallback() -> None:
@@ -121,14 +122,15 @@ async def test_a_new_report_resets_what_was_admitted_locally_since() -> None:
     store, primary, _ = make()
     assert (await store.admit(req("a", T0 + 1, 500))).admitted  # 400 left
     primary.down = True
-    assert (await store.admit(req("b", T0 + 2, 250))).admitted  # cap 400 -> 150 left locally
+    assert not (await store.admit(req("b0", T0 + 2, 140))).admitted  # over a third of the 400
+    assert (await store.admit(req("b", T0 + 2, 130))).admitted  # cap 133.3 -> 3.3 left locally
     primary.down = False
-    assert (await store.admit(req("c", T0 + 3, 10))).admitted  # the primary: 900 - 500 - 250 - 10 = 140 left
-    await store.replayed()
-    assert await tokens_in_primary(primary, T0 + 3) == 760  # b was replayed into the primary
+    assert (await store.admit(req("c", T0 + 3, 10))).admitted  # reported 900 - 500 - 10 = 390 left (b not yet
+    await store.replayed()  # replayed when c was admitted)
+    assert await tokens_in_primary(primary, T0 + 3) == 640  # b was replayed into the primary
     primary.down = True
-    assert not (await store.admit(req("d", T0 + 4, 141))).admitted
-    assert (await store.admit(req("e", T0 + 4, 40))).admitted  # local share: 300 - 250 = 50 left
+    assert not (await store.admit(req("d", T0 + 4, 131))).admitted  # a third of the new report: 130
+    assert (await store.admit(req("e", T0 + 4, 80))).admitted  # and the local share: 300 - 130 = 170 left
 
 
 async def test_fallback_tokens_are_replayed_once_the_primary_is_back() -> None:
@@ -190,6 +192,7 @@ def test_reports_ignore_results_without_budget_states_and_forget_old_windows() -
     result = MemoryStore().admit_now(request)
     reports.remember(request, result)
     assert reports.caps(req("b", T0 + 2, 10)) == (890.0,)
+    assert reports.caps(req("b", T0 + 2, 10), share=0.5) == (445.0,)
     reports.sweep(T0 + 59)
     assert len(reports) == 1
     reports.sweep(T0 + 60)
