@@ -70,14 +70,14 @@ async def _variant(args: argparse.Namespace, cap: bool, calibrate: bool) -> dict
     if cap:
         tier["max_output_tokens"] = args.cap
     limits: dict[str, Any] = {"default_output_tokens": args.cap, "calibrate_prompt_tokens": calibrate}
-    redis_port = free_ports(1)[0]
-    if args.service_replicas > 1:
+    redis_port = free_ports(1)[0] if args.service_replicas > 1 else 0
+    if redis_port:
         limits.update(store="redis", redis_url=f"redis://127.0.0.1:{redis_port}/0")
     policy = {"auth": {"mode": "trusted-header"}, "tiers": {"default": tier, "warm": {}}, "limits": limits,
               "flow_control": {"enabled": False}}
     pool = SimPool("chat", "org/chat", args.replicas, aliases=("chat",))
     async with ProcessGroup(workdir / "logs") as group:
-        if args.service_replicas > 1:
+        if redis_port:
             await start_redis(group, redis_port, args.redis_server)
         stack = await launch(group, workdir, [pool], extra_policy=policy, sim_args=["--profile", "fast"],
                              service_replicas=args.service_replicas)

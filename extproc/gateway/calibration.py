@@ -61,9 +61,7 @@ class PromptCalibration:
     def tokens(self, pool: str, estimate: int) -> int:
         """The calibrated estimate: from the fleet's combined fit, else this replica's, once it has
         `min_samples` observations; the raw estimate before."""
-        fit = self._shared.get(pool)
-        if fit is None or fit.seen < self.min_samples:
-            fit = self._fits.get(pool)
+        fit = self._in_use(pool)
         if fit is None or fit.seen < self.min_samples or estimate <= 0:
             return estimate
         return max(1, round(fit.intercept + fit.slope * estimate), round(_MIN_SLOPE * estimate))
@@ -91,13 +89,18 @@ class PromptCalibration:
         """Per pool: observations, slope, intercept of the fit in use (for /debug and tests)."""
         described = {}
         for pool in {*self._fits, *self._shared}:
-            fit = self._shared.get(pool)
-            if fit is None or fit.seen < self.min_samples:
-                fit = self._fits.get(pool, fit)
+            fit = self._in_use(pool)
             if fit is not None:
                 described[pool] = {"observations": fit.seen, "slope": round(fit.slope, 4),
                                    "intercept": round(fit.intercept, 2)}
         return described
+
+    def _in_use(self, pool: str) -> _Fit | None:
+        """The fleet's combined fit once it has `min_samples`, else this replica's own (if any)."""
+        shared, own = self._shared.get(pool), self._fits.get(pool)
+        if shared is not None and shared.seen >= self.min_samples:
+            return shared
+        return own or shared
 
 
 def _solve(fit: _Fit) -> None:

@@ -34,6 +34,7 @@ class _Rule:
     valid: Callable[[str], bool] | None
     deny: bool
     mask_text: str
+    template: str  # mask_text as an re.sub template (its backslashes escaped)
     possible: Callable[[str], bool] | None = None
 
     def hits(self, text: str) -> bool:
@@ -45,12 +46,12 @@ class _Rule:
         if self.possible is not None and not self.possible(text):
             return text, 0
         if self.valid is None:  # a template string is substituted in C, a callback per match is not
-            return self.pattern.subn(self.mask_text.replace("\\", "\\\\"), text)
-        count = 0
+            return self.pattern.subn(self.template, text)
+        valid, count = self.valid, 0
 
         def replace(match: re.Match[str]) -> str:
             nonlocal count
-            if self.valid is not None and not self.valid(match.group()):
+            if not valid(match.group()):
                 return match.group()
             count += 1
             return self.mask_text
@@ -67,7 +68,8 @@ def _compile(rule: GuardRule) -> _Rule:
     else:
         assert rule.pattern is not None  # the config validator requires one of the two
         pattern, valid, possible = re.compile(rule.pattern, re.IGNORECASE if rule.ignore_case else 0), None, None
-    return _Rule(rule.name, pattern, valid, rule.action == "deny", rule.mask_text, possible)
+    return _Rule(rule.name, pattern, valid, rule.action == "deny", rule.mask_text,
+                 rule.mask_text.replace("\\", "\\\\"), possible)
 
 
 def _slots(api: Api, document: dict[str, Any]) -> Iterator[tuple[Any, Any]]:

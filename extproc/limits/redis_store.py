@@ -117,8 +117,17 @@ class RedisStore:
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
         self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call
         self.headroom = headroom
-        self.optimistic_total = 0  # admissions sent without waiting (headroom)
-        self.awaited_total = 0  # admissions that waited for Redis's decision
+        self._awaited_plain = 0  # admissions without a headroom (all of them wait for Redis)
+
+    @property
+    def optimistic_total(self) -> int:
+        """Admissions sent without waiting for Redis (the headroom counts them)."""
+        return self.headroom.optimistic_total if self.headroom is not None else 0
+
+    @property
+    def awaited_total(self) -> int:
+        """Admissions that waited for Redis's decision."""
+        return self.headroom.awaited_total if self.headroom is not None else self._awaited_plain
 
     @property
     def cancelling(self) -> int:
@@ -159,11 +168,10 @@ class RedisStore:
         keys.append(self._tombstone(request))
         headroom = self.headroom
         if headroom is None:
-            self.awaited_total += 1
+            self._awaited_plain += 1
             return await self._admit(request, keys, args)
         seq, optimistic = headroom.take(request)
         if optimistic is None:
-            self.awaited_total += 1
             try:
                 result = await self._admit(request, keys, args)
             except BaseException:
@@ -172,7 +180,6 @@ class RedisStore:
             headroom.replied(request, seq, result.states if result.refused_by != CANCELLED else None)
             return result
         args[7] = "1"  # force: the request is admitted already
-        self.optimistic_total += 1
         try:
             await self._client.post_evalsha("admit", self.ADMIT, keys, args,
                                             on_reply=partial(self._forced_reply, headroom, request, seq))

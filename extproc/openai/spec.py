@@ -114,6 +114,10 @@ def prompt_text(api: Api, document: dict[str, Any]) -> str:
     raise bad_request(f"'{key}' is required", "invalid_value", key)
 
 
+# The output limit fields, in the order vLLM reads them (max_completion_tokens wins).
+_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+
 def _optional_int(document: dict[str, Any], *names: str) -> int | None:
     for name in names:
         value = document.get(name)
@@ -143,15 +147,12 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int) -> I
         api=api,
         model=model,
         stream=stream,
-        max_output_tokens=_optional_int(document, "max_completion_tokens", "max_tokens"),
+        max_output_tokens=_optional_int(document, *_OUTPUT_FIELDS),
         prompt_text=prompt_text(api, document),
         include_usage=include_usage,
         user=user if isinstance(user, str) else None,
         document=document,
     )
-
-
-_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
 
 
 def cap_output_tokens(request: InferenceRequest, cap: int) -> InferenceRequest | None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from extproc.gateway.calibration import PromptCalibration
 from extproc.limits.resp import RespClient
-from extproc.server.fleet import FleetSync, ReplicaExchange, exchange, replica_name
+from extproc.server.fleet import ReplicaExchange, exchange, replica_name
 
 __all__ = ["CALIBRATION_KEY", "CalibrationSync"]
 
@@ -26,7 +26,6 @@ CALIBRATION_KEY = "calib:prompt"
 
 
 class CalibrationSync(ReplicaExchange):
-    SCRIPTS = FleetSync.SCRIPTS
     WHAT = "prompt calibration sync"
 
     def __init__(self, client: RespClient, calibration: PromptCalibration, interval_s: float = 2.0, *,

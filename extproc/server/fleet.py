@@ -80,6 +80,7 @@ class ReplicaExchange:
     """A background loop that runs `sync_once` every `interval_s` on its own Redis connection, counts and
     logs (throttled) failures, and never dies of one."""
 
+    SCRIPTS = (_EXCHANGE,)  # what the client must load (`exchange` runs it)
     WHAT = "replica exchange"  # for task names and log lines
     LOG_EVERY = 100  # failures between repeated warnings
 
@@ -129,7 +130,6 @@ def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
 
 
 class FleetSync(ReplicaExchange):
-    SCRIPTS = (_EXCHANGE,)
     WHAT = "fleet in-flight sync"
     LOG_EVERY = 1000
 
