@@ -17,8 +17,8 @@ Each point starts with `--warmup` seconds at 1.5x capacity, not measured, and wa
 warm-up request has finished: a running gateway has seen its engines full before (that is how flow
 control learns their batch capacity), and every strategy starts from an idle fleet.
 
-Capacity is computed from the simulator's timing model (see `capacity_rps`), not measured: every
-replica runs `max_num_seqs` sequences at the full-batch inter-token latency.
+Capacity is computed from the simulator's timing model (`Profile.capacity_rps`), not measured: every
+replica's seats busy, each step carrying the prefill of the requests admitted meanwhile.
 """
 
 from __future__ import annotations
@@ -76,9 +76,8 @@ CLASSES = ("critical", "standard", "sheddable")
 
 
 def capacity_rps(profile: Profile, replicas: int, prompt_tokens: int, mean_output_tokens: float) -> float:
-    """Requests/s the fleet completes with every replica's batch full (prefill + decode at full batch)."""
-    service_s = profile.prefill_s(prompt_tokens) + mean_output_tokens * profile.itl_for(profile.max_num_seqs)
-    return replicas * profile.max_num_seqs / service_s
+    """Requests/s the fleet completes with every replica saturated (see `Profile.capacity_rps`)."""
+    return replicas * profile.capacity_rps(prompt_tokens, mean_output_tokens)
 
 
 def max_min_shares(demands: Mapping[str, float], total: float) -> dict[str, float]:

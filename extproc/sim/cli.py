@@ -38,13 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora", action="append", default=[], metavar="MODEL=ADAPTER[,ADAPTER...]",
                         help="LoRA adapters loaded on every replica of MODEL; repeatable")
     parser.add_argument("--stream-chunk-tokens", type=int, default=1, metavar="N",
-                        help="tokens per SSE chunk; N>1 sleeps N inter-token latencies per chunk and "
+                        help="tokens per SSE chunk; N>1 wakes a stream once per N engine steps and "
                              "saves CPU (default %(default)s)")
     parser.add_argument("--error-rate", type=float, default=0.0, metavar="FRACTION",
                         help="initial fraction of inference requests answered 500 (default %(default)s)")
     parser.add_argument("--slow-factor", type=float, default=1.0, metavar="X",
-                        help="initial multiplier of prefill time and inter-token latency "
-                             "(default %(default)s)")
+                        help="initial multiplier of every engine step's duration (default %(default)s)")
     parser.add_argument("--ready-file", type=Path, default=None, metavar="PATH",
                         help="once every replica listens, write a JSON list of {model, url} here")
     parser.add_argument("--seed", type=int, default=0,

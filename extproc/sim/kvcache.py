@@ -1,27 +1,34 @@
 """The KV block pool of one replica: prefix-cached blocks with reference counts and LRU eviction.
 
-Blocks come in two kinds. Hashed blocks hold a full block of known tokens and can be shared by any
-request whose token chain reaches the same hash; they stay cached after their last user leaves and
-are evicted least-recently-freed first. Anonymous blocks hold a partial block or tokens not yet
-generated; they are private and freed on release (or promoted to hashed blocks when they filled up).
+Blocks come in two kinds. Hashed blocks hold a full block of known prompt tokens and can be shared by
+any request whose token chain reaches the same hash; they stay cached after their last user leaves and
+are evicted least-recently-freed first. Anonymous blocks hold a partial block or generated tokens; they
+are private and freed on release (or cached as hashed blocks, when they filled up, by `release`).
+
+As in vLLM, a request's table grows step by step (`grow`): the cached prefix and its first prefill chunk
+at admission, more blocks as later chunks and generated tokens need them. A block is cacheable as soon as
+it is allocated for a step that computes it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-__all__ = ["Allocation", "KVCache"]
+__all__ = ["BlockTable", "KVCache"]
 
 
-@dataclass(frozen=True, slots=True)
-class Allocation:
-    """The blocks one request holds: shared hashed blocks (chain order) plus private anonymous ones."""
+@dataclass(slots=True)
+class BlockTable:
+    """The blocks one request holds: shared hashed blocks (chain order), then private anonymous ones."""
 
-    hashed: tuple[int, ...]
-    anonymous: int
-    hit_blocks: int
+    hashed: list[int] = field(default_factory=list)
+    anonymous: int = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.hashed) + self.anonymous
 
 
 class KVCache:
@@ -35,8 +42,13 @@ class KVCache:
 
     @property
     def used_blocks(self) -> int:
-        """Blocks some running request holds (what vLLM reports as KV cache usage)."""
+        """Blocks some request holds (what vLLM reports as KV cache usage)."""
         return self._anonymous + len(self._refs) - len(self._evictable)
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks a new allocation may take (unreferenced cached blocks are evicted for it)."""
+        return self.num_blocks - self.used_blocks
 
     @property
     def cached_blocks(self) -> int:
@@ -59,54 +71,61 @@ class KVCache:
             hits += 1
         return hits
 
-    def allocate(
-        self, prompt_hashes: Sequence[int], total_blocks: int, max_hit_blocks: int
-    ) -> Allocation | None:
-        """Reserve `total_blocks` blocks whose leading ones are `prompt_hashes`; None if they do not fit.
-
-        Only the first `max_hit_blocks` resident blocks count as hits: vLLM always recomputes at least
-        the last prompt token, so a fully cached prompt still leaves its last block to compute.
-        """
-        if len(prompt_hashes) > total_blocks:
-            raise ValueError("more prompt blocks than total blocks")
-        hit = self.cached_prefix(prompt_hashes[:max_hit_blocks])
+    def grow(self, table: BlockTable, blocks: Sequence[int | None]) -> bool:
+        """Append `blocks` to `table`: a hash (a full prompt block, shared with any resident copy) or None (an
+        anonymous block). Returns False, changing nothing, when the pool cannot hold them."""
         refs = self._refs
-        reviving = sum(1 for h in prompt_hashes[:hit] if refs[h] == 0)
-        if total_blocks - hit + reviving > self.num_blocks - self.used_blocks:
-            return None
-        for h in prompt_hashes:
+        needed = 0
+        seen: set[int] = set()
+        for h in blocks:
+            if h is None or h not in refs:
+                needed += 1
+            elif refs[h] == 0 and h not in seen:
+                needed += 1  # revived from the evictable list: it becomes used again
+                seen.add(h)
+        if needed > self.free_blocks:
+            return False
+        anonymous = 0
+        for h in blocks:
+            if h is None:
+                anonymous += 1
+                continue
             count = refs.get(h)
             if count is None:
                 self._make_room(1)
                 refs[h] = 1
-                continue
-            if count == 0:
-                del self._evictable[h]
-            refs[h] = count + 1
-        anonymous = total_blocks - len(prompt_hashes)
-        self._make_room(anonymous)
-        self._anonymous += anonymous
-        return Allocation(hashed=tuple(prompt_hashes), anonymous=anonymous, hit_blocks=hit)
+            else:
+                if count == 0:
+                    del self._evictable[h]
+                refs[h] = count + 1
+            table.hashed.append(h)
+        if anonymous:
+            self._make_room(anonymous)
+            self._anonymous += anonymous
+            table.anonymous += anonymous
+        return True
 
-    def release(self, allocation: Allocation, filled_hashes: Sequence[int] = ()) -> None:
-        """Give the blocks back; `filled_hashes` are anonymous blocks that became full and cacheable.
+    def release(self, table: BlockTable, filled_hashes: Sequence[int] = ()) -> None:
+        """Give the table's blocks back; `filled_hashes` are anonymous blocks that filled up and stay cached.
 
         Blocks are queued for eviction tail first, so a chain's shared head outlives its private tail.
         """
-        if len(filled_hashes) > allocation.anonymous:
+        if len(filled_hashes) > table.anonymous:
             raise ValueError("more filled blocks than anonymous blocks")
-        self._anonymous -= allocation.anonymous
+        self._anonymous -= table.anonymous
         refs = self._refs
         evictable = self._evictable
         for h in reversed(filled_hashes):
             if h not in refs:
                 refs[h] = 0
                 evictable[h] = None
-        for h in reversed(allocation.hashed):
+        for h in reversed(table.hashed):
             count = refs[h] - 1
             refs[h] = count
             if count == 0:
                 evictable[h] = None
+        table.hashed = []
+        table.anonymous = 0
 
     def reset(self) -> int:
         """Drop every unreferenced cached block (vLLM's reset_prefix_cache); returns how many."""

@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from extproc.sim.driver import drive
+from extproc.sim.driver import EngineLoop, generate
 from extproc.sim.engine import Engine, GenRequest
 from extproc.sim.faults import Faults
 from extproc.sim.protocol import (
@@ -31,10 +31,6 @@ from extproc.sim.spec import ReplicaSpec
 from extproc.sim.tokens import Tokenizer
 
 __all__ = ["CrashedError", "OpenAIRoutes", "abort_connection", "compact_json", "read_json"]
-
-# Non-streamed responses have nobody watching individual tokens, so decode advances in coarser steps.
-_NON_STREAM_STEP = 8
-
 
 class CrashedError(Exception):
     """The crash_mid_stream fault cut this response's connection."""
@@ -63,9 +59,11 @@ def abort_connection(request: web.Request) -> CrashedError:
 
 
 class OpenAIRoutes:
-    def __init__(self, spec: ReplicaSpec, engine: Engine, tokenizer: Tokenizer, faults: Faults) -> None:
+    def __init__(self, spec: ReplicaSpec, engine: Engine, loop: EngineLoop, tokenizer: Tokenizer,
+                 faults: Faults) -> None:
         self.spec = spec
         self.engine = engine
+        self.loop = loop
         self.tokenizer = tokenizer
         self.faults = faults
         self.created = int(time.time())
@@ -130,7 +128,7 @@ class OpenAIRoutes:
         if limits.stream:
             return await self._stream(request, gen, pieces, limits, model, created, chat=chat)
         crash_after = self.faults.settings.crash_mid_stream
-        await drive(self.engine, gen, max(self.spec.stream_chunk_tokens, _NON_STREAM_STEP), None)
+        await generate(self.engine, self.loop, gen, self.spec.stream_chunk_tokens, None)
         if crash_after is not None:
             raise abort_connection(request)
         counts = usage(len(prompt_ids), length, gen.cached_tokens)
@@ -159,7 +157,7 @@ class OpenAIRoutes:
             await response.write(data)
             sent += 1
 
-        await drive(self.engine, gen, self.spec.stream_chunk_tokens, emit)
+        await generate(self.engine, self.loop, gen, self.spec.stream_chunk_tokens, emit)
         tail = DONE
         if limits.include_usage:
             tail = formatter.usage(usage(len(gen.prompt_ids), total, gen.cached_tokens)) + DONE
@@ -206,7 +204,7 @@ class OpenAIRoutes:
             raise ApiError(400, "encoding_format must be 'float' or 'base64'", "encoding_format")
         request_id = self._request_id(request, "embd-")
         gens = [GenRequest(f"{request_id}-{i}", ids, [], lora) for i, ids in enumerate(inputs)]
-        await asyncio.gather(*(drive(self.engine, g, 1, None) for g in gens))
+        await asyncio.gather(*(generate(self.engine, self.loop, g, 1, None) for g in gens))
         data = [{"object": "embedding", "index": i, "embedding": embedding_vector(ids, dims, encoding)}
                 for i, ids in enumerate(inputs)]
         prompt_tokens = sum(len(ids) for ids in inputs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,20 +24,24 @@ class ProfileError(ValueError):
 class Profile:
     """How fast and how big one simulated replica is.
 
-    Timing model (all times in seconds, multiplied by the replica's slow-factor fault):
-      TTFT = queue wait + prefill_overhead_s + uncached_prompt_tokens * prefill_per_token_s
-      ITL  = itl_s * (1 + load_factor * (running - 1) / max_num_seqs)
-    where `running` counts the sequences admitted to the batch when the token is produced.
+    The engine runs discrete steps like vLLM v1's scheduler (see README "Scheduling model"). One step
+    computes the tokens the scheduler gave it and takes (times the replica's slow-factor fault)
+      step_base_s + step_per_seq_s x sequences in the step + prefill_per_token_s x prefill tokens in the step
+    A step holds at most `max_num_seqs` sequences and `max_num_batched_tokens` tokens (decode tokens first,
+    then chunked prefill).
     """
 
     name: str = "h100-8b"
-    itl_s: float = 0.012
-    prefill_overhead_s: float = 0.030
-    prefill_per_token_s: float = 0.000250
-    max_num_seqs: int = 16
-    load_factor: float = 2.0
+    # Llama-3.1-8B in bf16 on one H100 SXM: ~6.5 ms per step to stream the weights, ~0.12 ms more per
+    # sequence in the batch, ~64 us per prefill token (~15.6k prefill tokens/s, about half of peak FLOPs).
+    step_base_s: float = 0.0065
+    step_per_seq_s: float = 0.00012
+    prefill_per_token_s: float = 0.000064
+    max_num_seqs: int = 32
+    max_num_batched_tokens: int = 2048
+    long_prefill_token_threshold: int = 0  # 0: a prefill chunk is bounded by the step budget only
     block_size: int = 16
-    # Llama-3-8B in bf16 on an 80 GB H100 at 0.9 utilisation leaves ~58 GB, 128 KiB/token of KV.
+    # 80 GB H100 at 0.9 utilisation leaves ~58 GB after the weights, 128 KiB/token of KV.
     num_gpu_blocks: int = 28_000
     max_model_len: int = 8192
     default_max_tokens: int = 128
@@ -50,12 +55,12 @@ class Profile:
     vllm_version: str = "0.11.0"
 
     def __post_init__(self) -> None:
-        positive = ("itl_s", "max_num_seqs", "block_size", "num_gpu_blocks", "max_model_len",
-                    "default_max_tokens", "max_tokens_cap", "embedding_dim", "vocab_size")
+        positive = ("step_base_s", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
+                    "max_model_len", "default_max_tokens", "max_tokens_cap", "embedding_dim", "vocab_size")
         for field in positive:
             if getattr(self, field) <= 0:
                 raise ProfileError(f"profile {self.name!r}: {field} must be > 0")
-        non_negative = ("prefill_overhead_s", "prefill_per_token_s", "load_factor", "max_loras")
+        non_negative = ("step_per_seq_s", "prefill_per_token_s", "max_loras", "long_prefill_token_threshold")
         for field in non_negative:
             if getattr(self, field) < 0:
                 raise ProfileError(f"profile {self.name!r}: {field} must be >= 0")
@@ -68,26 +73,60 @@ class Profile:
         if self.vocab_size <= 1024:
             raise ProfileError(f"profile {self.name!r}: vocab_size must be > 1024")
 
-    def itl_for(self, running: int) -> float:
-        """Inter-token latency with `running` sequences in the batch (before any slow-down fault)."""
-        extra = self.load_factor * max(running - 1, 0) / self.max_num_seqs
-        return self.itl_s * (1.0 + extra)
+    def step_s(self, sequences: int, prefill_tokens: int) -> float:
+        """Duration of one step carrying `sequences` sequences, `prefill_tokens` of them prompt tokens."""
+        return self.step_base_s + self.step_per_seq_s * sequences + self.prefill_per_token_s * prefill_tokens
 
-    def prefill_s(self, uncached_tokens: int) -> float:
-        return self.prefill_overhead_s + uncached_tokens * self.prefill_per_token_s
+    def chunk_limit(self) -> int:
+        """Most prompt tokens one request may compute in one step."""
+        threshold = self.long_prefill_token_threshold
+        return min(threshold, self.max_num_batched_tokens) if threshold > 0 else self.max_num_batched_tokens
+
+    def ttft_alone_s(self, uncached_tokens: int) -> float:
+        """Time to the first token of a request alone on an idle engine: its prefill chunks, one step each."""
+        chunk = self.chunk_limit()
+        steps = max(1, math.ceil(uncached_tokens / chunk))
+        return steps * self.step_s(1, 0) + self.prefill_per_token_s * uncached_tokens
+
+    def decode_tokens_per_s(self, batch: int) -> float:
+        """Output tokens per second of `batch` sequences decoding together (no prefill in the steps)."""
+        return batch / self.step_s(batch, 0)
+
+    def capacity_rps(self, prompt_tokens: int, output_tokens: float, uncached_tokens: int | None = None) -> float:
+        """Requests/s one engine completes when saturated by requests of this shape (`uncached_tokens` of
+        the prompt need prefill: all of it by default).
+
+        Seat-bound: every seat is busy, a request holds one for its prefill chunks plus its decode steps,
+        and each step also carries the prefill of the requests admitted meanwhile. Budget-bound: every step
+        is full of tokens. KV-bound: fewer seats when the cache cannot hold `max_num_seqs` sequences.
+        The least of the three.
+        """
+        uncached = prompt_tokens if uncached_tokens is None else uncached_tokens
+        footprint = prompt_tokens + output_tokens / 2  # a sequence's average KV while it runs
+        seats = min(float(self.max_num_seqs), self.num_gpu_blocks * self.block_size / max(footprint, 1.0))
+        steps = max(1.0, output_tokens) + max(0, math.ceil(uncached / self.chunk_limit()) - 1)
+        admitted_per_step = seats / steps
+        step = self.step_s(0, 0) + self.step_per_seq_s * seats + self.prefill_per_token_s * uncached * admitted_per_step
+        seat_bound = admitted_per_step / step
+        budget = self.max_num_batched_tokens
+        full_step = self.step_s(0, 0) + self.step_per_seq_s * seats + self.prefill_per_token_s * budget
+        budget_bound = budget / max(1.0, uncached + output_tokens - 1) / full_step
+        return min(seat_bound, budget_bound)
 
 
 def _builtin() -> Mapping[str, Profile]:
     profiles = [
         Profile(),
-        Profile(name="h100-70b-tp4", itl_s=0.030, prefill_overhead_s=0.050, prefill_per_token_s=0.000600,
-                max_num_seqs=32, load_factor=1.5, num_gpu_blocks=40_000, max_model_len=16384),
-        Profile(name="a10g-8b", itl_s=0.035, prefill_overhead_s=0.060, prefill_per_token_s=0.001200,
-                max_num_seqs=8, load_factor=2.5, num_gpu_blocks=1_200, max_model_len=8192),
+        # Llama-3.1-70B on 4 x H100 (tensor parallel): vLLM's H100 default budget of 8,192 tokens per step.
+        Profile(name="h100-70b-tp4", step_base_s=0.018, step_per_seq_s=0.00025, prefill_per_token_s=0.00008,
+                max_num_seqs=64, max_num_batched_tokens=8192, num_gpu_blocks=40_000, max_model_len=16384),
+        # An 8B model on one A10G (24 GB): ~600 GB/s streams the weights in ~27 ms; a small KV cache.
+        Profile(name="a10g-8b", step_base_s=0.028, step_per_seq_s=0.0008, prefill_per_token_s=0.00028,
+                max_num_seqs=8, num_gpu_blocks=1_200, max_model_len=8192),
         # For tests and demos: small cache so eviction is reachable, fast enough for sub-second runs.
-        Profile(name="fast", itl_s=0.002, prefill_overhead_s=0.005, prefill_per_token_s=0.000010,
-                max_num_seqs=8, load_factor=1.0, num_gpu_blocks=1_024, max_model_len=4096,
-                default_max_tokens=16, max_tokens_cap=1024, embedding_dim=64),
+        Profile(name="fast", step_base_s=0.002, step_per_seq_s=0.0, prefill_per_token_s=0.000010,
+                max_num_seqs=8, num_gpu_blocks=1_024, max_model_len=4096, default_max_tokens=16,
+                max_tokens_cap=1024, embedding_dim=64),
     ]
     return MappingProxyType({p.name: p for p in profiles})
 
@@ -104,7 +143,7 @@ def profile_from_mapping(raw: Mapping[str, Any], *, source: str = "<mapping>") -
         raise ProfileError(f"{source}: unknown base profile {base_name!r}")
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ProfileError(f"{source}: unknown profile fields {unknown}")
+        raise ProfileError(f"{source}: unknown profile fields {unknown} (known: {sorted(known)})")
     base = BUILTIN_PROFILES[base_name]
     try:
         return dataclasses.replace(base, **data)

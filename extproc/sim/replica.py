@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from extproc.sim.driver import EngineLoop
 from extproc.sim.engine import Engine
 from extproc.sim.faults import FaultError, Faults, FaultSettings
 from extproc.sim.metrics import render_metrics
@@ -40,6 +41,7 @@ class Replica:
         self.port = spec.port
         self.engine = Engine(spec.profile, clock)
         self.engine.slow_factor = spec.faults.slow_factor
+        self.loop = EngineLoop(self.engine)
         self.tokenizer = Tokenizer(spec.profile.vocab_size)
         # Output depends on the seed only (same prompt, same answer anywhere); fault draws differ per port.
         self.faults = Faults(spec.faults, spec.seed * 65_537 + spec.port)
@@ -50,7 +52,7 @@ class Replica:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._resume_task: asyncio.Task[None] | None = None
-        self._routes = OpenAIRoutes(spec, self.engine, self.tokenizer, self.faults)
+        self._routes = OpenAIRoutes(spec, self.engine, self.loop, self.tokenizer, self.faults)
         self.app = self._build_app()
 
     @property
@@ -90,6 +92,7 @@ class Replica:
                                shutdown_timeout=_SHUTDOWN_GRACE_S)
         await runner.setup()
         self._runner = runner
+        self.loop.start()
         try:
             if not self.faults.settings.refuse:
                 await self._listen()
@@ -107,6 +110,7 @@ class Replica:
             await self._runner.cleanup()
         self._runner = None
         self._site = None
+        await self.loop.stop()
 
     async def _listen(self) -> None:
         assert self._runner is not None
@@ -203,7 +207,8 @@ class Replica:
         return {
             "replica": self.address, "model": self.spec.model, "listening": self.listening,
             "requests": counters.requests, "running": len(self.engine.running),
-            "waiting": len(self.engine.waiting), "prompt_tokens": counters.prompt_tokens,
+            "waiting": len(self.engine.waiting) + len(self.engine.inbox), "steps": self.engine.steps,
+            "preemptions": counters.preemptions, "prompt_tokens": counters.prompt_tokens,
             "generation_tokens": counters.generation_tokens,
             "prefix_queries_tokens": counters.prefix_queries_tokens,
             "prefix_hits_tokens": counters.prefix_hits_tokens, "finished": dict(counters.finished),

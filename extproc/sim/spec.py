@@ -14,8 +14,8 @@ __all__ = ["ReplicaSpec"]
 class ReplicaSpec:
     """One replica; `port=0` picks a free port (read it back from `Replica.port` after start).
 
-    `stream_chunk_tokens` trades stream granularity for CPU: the replica sleeps N inter-token
-    latencies and sends N tokens per SSE chunk (the first token is always sent alone at TTFT).
+    `stream_chunk_tokens` trades stream granularity for CPU: a stream wakes up once per N generated tokens
+    and sends them in one SSE chunk (the first token is always sent alone at TTFT).
     """
 
     model: str

@@ -21,11 +21,10 @@ def test_jain_index() -> None:
     assert overload.jain([]) is None
 
 
-def test_capacity_follows_the_simulator_timing_model() -> None:
+def test_capacity_is_the_profiles_per_replica_capacity_times_replicas() -> None:
     profile = BUILTIN_PROFILES["h100-8b"]
     one = overload.capacity_rps(profile, 1, 100, 96)
-    service_s = profile.prefill_s(100) + 96 * profile.itl_for(profile.max_num_seqs)
-    assert one == pytest.approx(16 / service_s)
+    assert one == pytest.approx(profile.capacity_rps(100, 96))
     assert overload.capacity_rps(profile, 4, 100, 96) == pytest.approx(4 * one)
 
 

@@ -34,7 +34,7 @@ def test_plan_defaults_and_quick(tmp_path: Path) -> None:
     assert 2 <= plan.sizing["working_set_per_replica_capacity"]["chat"] <= 4
     assert plan.sizing["fleet_capacity_per_working_set"]["chat"] >= 1
     profile = load_profile(plan.sim_args[1])  # the file the simulator gets, based on h100-8b
-    assert profile.num_gpu_blocks == plan.kv_blocks and profile.itl_s == load_profile("h100-8b").itl_s
+    assert profile.num_gpu_blocks == plan.kv_blocks and profile.step_base_s == load_profile("h100-8b").step_base_s
     quick = routing._plan(_args(tmp_path, "--quick"))
     assert quick.qps == (plan.qps[1],) and quick.duration_s == 20.0
     assert routing._plan(_args(tmp_path, "--quick", "--qps", "5,9")).qps == (5.0,)

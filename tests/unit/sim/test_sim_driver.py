@@ -1,103 +1,91 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 
 import pytest
 
-from extproc.sim.driver import drive
+from extproc.sim.driver import EngineLoop, generate
 from extproc.sim.engine import Engine, GenRequest, RequestState
 from extproc.sim.profile import Profile
 
-PROFILE = Profile(name="t", itl_s=0.010, prefill_overhead_s=0.020, prefill_per_token_s=0.001, max_num_seqs=1,
-                  load_factor=0.0, num_gpu_blocks=64, max_model_len=1024)
-
-
-class VirtualTime:
-    """A clock plus a sleep that advances it instantly (fine for one coroutine at a time)."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.sleeps: list[float] = []
-
-    def clock(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-        await asyncio.sleep(0)
+# Millisecond steps so real time stays short; one seat so ordering is observable.
+PROFILE = Profile(name="t", step_base_s=0.001, step_per_seq_s=0.0, prefill_per_token_s=0.0, max_num_seqs=1,
+                  num_gpu_blocks=64, max_model_len=1024)
 
 
 def request(out: int, rid: str = "r") -> GenRequest:
     return GenRequest(rid, list(range(30)), list(range(1000, 1000 + out)), finish_reason="length")
 
 
-async def test_first_token_alone_then_chunks_of_n_at_itl_pace() -> None:
-    vt = VirtualTime()
-    eng = Engine(PROFILE, vt.clock)
-    emitted: list[tuple[int, int, float]] = []
+@pytest.fixture
+async def running() -> AsyncIterator[tuple[Engine, EngineLoop]]:
+    engine = Engine(PROFILE, asyncio.get_running_loop().time)
+    loop = EngineLoop(engine)
+    loop.start()
+    yield engine, loop
+    await loop.stop()
+
+
+async def test_first_token_alone_then_chunks_of_n(running: tuple[Engine, EngineLoop]) -> None:
+    engine, loop = running
+    emitted: list[tuple[int, int]] = []
 
     async def emit(start: int, count: int) -> None:
-        emitted.append((start, count, vt.now))
+        emitted.append((start, count))
 
     req = request(out=10)
-    await drive(eng, req, 4, emit, sleep=vt.sleep)
-    prefill = 0.020 + 30 * 0.001
-    assert [(s, c) for s, c, _ in emitted] == [(0, 1), (1, 4), (5, 4), (9, 1)]
-    assert emitted[0][2] == pytest.approx(prefill)
-    assert emitted[1][2] == pytest.approx(prefill + 0.040)
-    assert emitted[3][2] == pytest.approx(prefill + 0.090)
-    assert req.state is RequestState.FINISHED and eng.counters.finished["length"] == 1
-    assert eng.kv.used_blocks == 0
+    await generate(engine, loop, req, 4, emit)
+    assert emitted[0] == (0, 1)
+    assert sum(count for _, count in emitted) == 10
+    assert all(start == sum(c for _, c in emitted[:i]) for i, (start, _) in enumerate(emitted))
+    assert req.state is RequestState.FINISHED and engine.counters.finished["length"] == 1
+    assert engine.kv.used_blocks == 0
+    assert engine.steps == 10  # one step per token, none while idle
 
 
-async def test_waits_in_queue_until_the_running_request_finishes() -> None:
-    loop_clock = asyncio.get_running_loop().time  # real clock, millisecond sleeps
-    fast = Profile(name="f", itl_s=0.001, prefill_overhead_s=0.001, prefill_per_token_s=0.0, max_num_seqs=1,
-                   num_gpu_blocks=64, max_model_len=1024)
-    eng = Engine(fast, loop_clock)
+async def test_second_request_waits_for_the_seat(running: tuple[Engine, EngineLoop]) -> None:
+    engine, loop = running
     first, second = request(5, "a"), request(5, "b")
-    task_a = asyncio.create_task(drive(eng, first, 1, None))
-    task_b = asyncio.create_task(drive(eng, second, 1, None))
-    await asyncio.sleep(0)
-    assert first.state is RequestState.RUNNING and second.state is RequestState.WAITING
-    await asyncio.gather(task_a, task_b)
-    assert second.admitted_at >= first.last_token_at
-    assert eng.counters.finished["length"] == 2
+    await asyncio.gather(generate(engine, loop, first, 1, None), generate(engine, loop, second, 1, None))
+    assert second.scheduled_at is not None and second.scheduled_at >= first.last_token_at
+    assert engine.counters.finished["length"] == 2
 
 
-async def test_emit_failure_aborts_and_frees_blocks() -> None:
-    vt = VirtualTime()
-    eng = Engine(PROFILE, vt.clock)
+async def test_emit_failure_aborts_and_frees_blocks(running: tuple[Engine, EngineLoop]) -> None:
+    engine, loop = running
 
     async def emit(start: int, count: int) -> None:
         if start > 0:
             raise ConnectionResetError
 
-    req = request(out=10)
     with pytest.raises(ConnectionResetError):
-        await drive(eng, req, 1, emit, sleep=vt.sleep)
-    assert eng.counters.finished["abort"] == 1 and eng.kv.used_blocks == 0 and not eng.running
+        await generate(engine, loop, request(out=10), 1, emit)
+    assert engine.counters.finished["abort"] == 1 and engine.kv.used_blocks == 0 and not engine.running
 
 
-async def test_cancelled_while_waiting_leaves_the_queue() -> None:
-    eng = Engine(PROFILE, asyncio.get_running_loop().time)
-    blocker = request(100, "blocker")
-    eng.submit(blocker)
+async def test_cancelled_while_waiting_leaves_the_queue(running: tuple[Engine, EngineLoop]) -> None:
+    engine, loop = running
+    blocker = asyncio.create_task(generate(engine, loop, request(10_000 // 20, "blocker"), 1, None))
     waiting = request(5, "w")
-    task = asyncio.create_task(drive(eng, waiting, 1, None))
-    await asyncio.sleep(0)
-    assert list(eng.waiting) == [waiting]
+    task = asyncio.create_task(generate(engine, loop, waiting, 1, None))
+    for _ in range(1000):
+        if waiting in engine.waiting:
+            break
+        await asyncio.sleep(0.001)
+    assert waiting in engine.waiting
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert not eng.waiting and eng.counters.finished["abort"] == 1
+    assert waiting not in engine.waiting and engine.counters.finished["abort"] == 1
+    blocker.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await blocker
 
 
-async def test_embedding_style_request_finishes_after_prefill() -> None:
-    vt = VirtualTime()
-    eng = Engine(PROFILE, vt.clock)
+async def test_embedding_style_request_finishes_after_prefill(running: tuple[Engine, EngineLoop]) -> None:
+    engine, loop = running
     req = GenRequest("e", list(range(30)), [])
-    await drive(eng, req, 1, None, sleep=vt.sleep)
-    assert vt.now == pytest.approx(0.050)
-    assert eng.counters.finished["stop"] == 1 and eng.counters.generation_tokens == 0
+    await generate(engine, loop, req, 1, None)
+    assert engine.counters.finished["stop"] == 1 and engine.counters.generation_tokens == 0
+    assert engine.steps == 1

@@ -2,95 +2,89 @@ from __future__ import annotations
 
 import pytest
 
-from extproc.sim.kvcache import KVCache
+from extproc.sim.kvcache import BlockTable, KVCache
 
 
-def test_first_allocation_misses_and_second_hits_while_shared() -> None:
+def table(kv: KVCache, blocks: list[int | None]) -> BlockTable:
+    held = BlockTable()
+    assert kv.grow(held, blocks)
+    return held
+
+
+def test_shared_hashed_blocks_are_counted_once() -> None:
     kv = KVCache(num_blocks=10, block_size=16)
-    first = kv.allocate([1, 2, 3], total_blocks=4, max_hit_blocks=3)
-    assert first is not None and first.hit_blocks == 0 and first.anonymous == 1
-    assert kv.used_blocks == 4
-    second = kv.allocate([1, 2, 9], total_blocks=3, max_hit_blocks=3)
-    assert second is not None and second.hit_blocks == 2
-    # Shared blocks 1 and 2 are counted once: 4 + block 9.
-    assert kv.used_blocks == 5
+    first = table(kv, [1, 2, 3, None])
+    assert kv.used_blocks == 4 and first.size == 4
+    second = table(kv, [1, 2, 9])
+    assert kv.used_blocks == 5  # blocks 1 and 2 are shared
     kv.release(first)
-    assert kv.used_blocks == 3  # blocks 1, 2 still referenced by the second request, plus 9
+    assert kv.used_blocks == 3 and first.size == 0
     kv.release(second)
-    assert kv.used_blocks == 0 and kv.cached_blocks == 4
+    assert kv.used_blocks == 0 and kv.cached_blocks == 4 and kv.free_blocks == 10
 
 
-def test_hits_stop_at_the_first_missing_block_and_at_the_cap() -> None:
+def test_cached_prefix_stops_at_the_first_missing_block() -> None:
     kv = KVCache(num_blocks=10, block_size=16)
-    a = kv.allocate([1, 2, 3], 3, 3)
-    assert a is not None
-    kv.release(a)
+    kv.release(table(kv, [1, 2, 3]))
     assert kv.cached_prefix([1, 2, 3]) == 3
     assert kv.cached_prefix([1, 5, 3]) == 1
-    capped = kv.allocate([1, 2, 3], 3, max_hit_blocks=2)
-    assert capped is not None and capped.hit_blocks == 2
+
+
+def test_a_table_grows_step_by_step() -> None:
+    kv = KVCache(num_blocks=10, block_size=16)
+    held = table(kv, [1, 2])
+    assert kv.grow(held, [3])
+    assert kv.grow(held, [None, None])
+    assert held.hashed == [1, 2, 3] and held.anonymous == 2 and kv.used_blocks == 5
 
 
 def test_released_blocks_are_evicted_lru_tail_first() -> None:
     kv = KVCache(num_blocks=4, block_size=16)
-    a = kv.allocate([1, 2], 2, 2)
-    assert a is not None
-    kv.release(a)  # evictable order: 2 (tail) then 1
-    b = kv.allocate([7, 8], 2, 2)
-    assert b is not None
-    kv.release(b)  # evictable order: 2, 1, 8, 7
-    c = kv.allocate([], 1, 0)  # needs one physical block: evicts block 2, the tail of the oldest chain
-    assert c is not None
+    kv.release(table(kv, [1, 2]))  # evictable order: 2 (tail) then 1
+    kv.release(table(kv, [7, 8]))  # evictable order: 2, 1, 8, 7
+    table(kv, [None])  # needs one physical block: evicts block 2, the tail of the oldest chain
     assert kv.cached_prefix([1, 2]) == 1
     assert kv.cached_prefix([7, 8]) == 2
-    d = kv.allocate([], 2, 0)  # evicts 1 and 8
-    assert d is not None
+    table(kv, [None, None])  # evicts 1 and 8
     assert kv.cached_prefix([1]) == 0 and kv.cached_prefix([7, 8]) == 1
 
 
-def test_allocation_fails_without_free_capacity_and_changes_nothing() -> None:
+def test_growth_fails_without_free_capacity_and_changes_nothing() -> None:
     kv = KVCache(num_blocks=4, block_size=16)
-    held = kv.allocate([1, 2, 3], 3, 3)
-    assert held is not None
-    assert kv.allocate([5, 6], 2, 2) is None
-    assert kv.used_blocks == 3 and kv.cached_blocks == 3
-    fits = kv.allocate([1, 2, 3], 4, 3)  # shares three, needs one more
-    assert fits is not None and fits.hit_blocks == 3
+    held = table(kv, [1, 2, 3])
+    other = BlockTable()
+    assert not kv.grow(other, [5, 6])
+    assert other.size == 0 and kv.used_blocks == 3 and kv.cached_blocks == 3
+    assert kv.grow(other, [1, 2, 3, None])  # shares three, needs one more
     assert kv.usage == 1.0
+    assert not kv.grow(held, [None])
 
 
 def test_reviving_a_cached_block_counts_against_capacity() -> None:
     kv = KVCache(num_blocks=3, block_size=16)
-    a = kv.allocate([1, 2], 2, 2)
-    assert a is not None
-    kv.release(a)
-    hold = kv.allocate([], 2, 0)  # evicts 2 (tail); 1 stays cached
-    assert hold is not None and kv.cached_prefix([1]) == 1
-    assert kv.allocate([1, 4], 2, 2) is None  # reviving 1 plus a new block needs 2 of the 1 free
+    kv.release(table(kv, [1, 2]))
+    hold = table(kv, [None, None])  # evicts 2 (tail); 1 stays cached
+    assert kv.cached_prefix([1]) == 1
+    assert not kv.grow(BlockTable(), [1, 4])  # reviving 1 plus a new block needs 2 of the 1 free
     kv.release(hold)
-    again = kv.allocate([1, 4], 2, 2)
-    assert again is not None and again.hit_blocks == 1
+    assert kv.grow(BlockTable(), [1, 4])
 
 
 def test_filled_blocks_become_cached_on_release() -> None:
     kv = KVCache(num_blocks=8, block_size=16)
-    a = kv.allocate([1], total_blocks=3, max_hit_blocks=1)
-    assert a is not None and a.anonymous == 2
-    kv.release(a, filled_hashes=[11, 12])
+    held = table(kv, [1, None, None])
+    kv.release(held, filled_hashes=[11, 12])
     assert kv.cached_prefix([1, 11, 12]) == 3
     assert kv.used_blocks == 0
+    again = table(kv, [1, None])
     with pytest.raises(ValueError):
-        b = kv.allocate([1], 2, 1)
-        assert b is not None
-        kv.release(b, filled_hashes=[11, 12])
+        kv.release(again, filled_hashes=[11, 12])
 
 
 def test_reset_drops_only_unreferenced_blocks() -> None:
     kv = KVCache(num_blocks=8, block_size=16)
-    a = kv.allocate([1, 2], 2, 2)
-    b = kv.allocate([3], 1, 1)
-    assert a is not None and b is not None
-    kv.release(a)
+    kv.release(table(kv, [1, 2]))
+    table(kv, [3])
     assert kv.reset() == 2
     assert kv.cached_prefix([1]) == 0 and kv.cached_prefix([3]) == 1
     assert kv.used_blocks == 1

@@ -34,15 +34,18 @@ def test_boundary_value_falls_into_its_bucket() -> None:
 def test_rendered_text_parses_with_vllm_names_and_model_label() -> None:
     now = [0.0]
     eng = Engine(Profile(), lambda: now[0])
-    first = GenRequest("a", list(range(40)), [1, 2, 3])
+    first = GenRequest("a", list(range(40)), [1, 2, 3], finish_reason="length")
     eng.submit(first)
-    now[0] += first.prefill_s
-    eng.first_token(first)
-    now[0] += 0.03  # 15 ms per token
-    eng.tokens(first, 2)
-    eng.finish(first, "length")
-    second = GenRequest("b", list(range(40)), [1], lora="sql")
+    while eng.has_work:  # one prefill step, then two decode steps of ~6.6 ms
+        step = eng.begin_step(now[0])
+        assert step is not None
+        now[0] += step.duration_s
+        eng.end_step(step, now[0])
+    second = GenRequest("b", list(range(40)), [1, 2], lora="sql")
     eng.submit(second)
+    step = eng.begin_step(now[0])
+    assert step is not None
+    eng.end_step(step, now[0] + step.duration_s)
     text = render_metrics('org/model:"v1"', eng.counters, eng.gauges(123.0))
     parsed = families(text)
     model = ("model_name", 'org/model:"v1"')
@@ -53,7 +56,7 @@ def test_rendered_text_parses_with_vllm_names_and_model_label() -> None:
     assert parsed["vllm:prefix_cache_queries"][("vllm:prefix_cache_queries_total", (model,))] == 80
     # The LoRA request does not share the base model's blocks.
     assert parsed["vllm:prefix_cache_hits"][("vllm:prefix_cache_hits_total", (model,))] == 0
-    assert parsed["vllm:generation_tokens"][("vllm:generation_tokens_total", (model,))] == 3
+    assert parsed["vllm:generation_tokens"][("vllm:generation_tokens_total", (model,))] == 4
     assert parsed["vllm:request_success"][
         ("vllm:request_success_total", (("finished_reason", "length"), model))] == 1
     lora = parsed["vllm:lora_requests_info"]
@@ -63,12 +66,11 @@ def test_rendered_text_parses_with_vllm_names_and_model_label() -> None:
     cache = dict(next(iter(parsed["vllm:cache_config_info"]))[1])
     assert cache["block_size"] == "16" and cache["num_gpu_blocks"] == "28000"
     ttft = parsed["vllm:time_to_first_token_seconds"]
-    assert ttft[("vllm:time_to_first_token_seconds_count", (model,))] == 1
-    assert ttft[("vllm:time_to_first_token_seconds_bucket", (("le", "+Inf"), model))] == 1
+    assert ttft[("vllm:time_to_first_token_seconds_count", (model,))] == 2
+    assert ttft[("vllm:time_to_first_token_seconds_bucket", (("le", "+Inf"), model))] == 2
     itl = parsed["vllm:inter_token_latency_seconds"]
     assert itl[("vllm:inter_token_latency_seconds_count", (model,))] == 2
-    assert itl[("vllm:inter_token_latency_seconds_bucket", (("le", "0.01"), model))] == 0
-    assert itl[("vllm:inter_token_latency_seconds_bucket", (("le", "0.025"), model))] == 2
+    assert itl[("vllm:inter_token_latency_seconds_bucket", (("le", "0.01"), model))] == 2
     for name in ("vllm:time_per_output_token_seconds", "vllm:e2e_request_latency_seconds",
                  "vllm:prompt_tokens", "vllm:request_queue_time_seconds"):
         assert name in parsed
