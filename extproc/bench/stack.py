@@ -46,6 +46,7 @@ class SimPool:
     aliases: tuple[str, ...] = ()
     lora: tuple[str, ...] = ()
     profile: str = "default"  # scheduling profile of the pool in the policy
+    max_num_seqs: int | None = None  # the engines' seats, told to the policy (None: learned)
 
 
 @dataclass
@@ -87,7 +88,8 @@ def build_policy(
                   **(envoy or {})},
         "pools": [
             {"name": p.name, "model": p.model, "aliases": list(p.aliases), "lora_adapters": list(p.lora),
-             "profile": p.profile, "endpoints": [f"127.0.0.1:{port}" for port in sim_ports[p.name]]}
+             "profile": p.profile, "endpoints": [f"127.0.0.1:{port}" for port in sim_ports[p.name]],
+             **({"max_num_seqs": p.max_num_seqs} if p.max_num_seqs is not None else {})}
             for p in pools
         ],
         **(extra or {}),

@@ -135,6 +135,22 @@ class ScrapeConfig(_Strict):
     stale_after_ms: int = Field(default=1000, ge=50)
 
 
+class SaturationConfig(_Strict):
+    """When an endpoint counts as full: one definition for flow control and the scheduler's saturation filter
+    (README "Saturation"). Metrics older than `scheduling.scrape.stale_after_ms` never make one full."""
+
+    max_kv_utilization: float = Field(default=0.95, gt=0, le=1.0,
+                                      description="vllm:kv_cache_usage_perc (0..1) at which an engine with "
+                                                  "requests waiting is full")
+    sustain_ms: int = Field(default=1000, ge=0, le=60_000,
+                            description="an engine queue (vllm:num_requests_waiting > 0) must last this long, over "
+                                        "3 scrapes or more, before it means full: vLLM queues arrivals between "
+                                        "steps on an idle engine too")
+    capacity_ttl_s: float = Field(default=10.0, gt=0,
+                                  description="a learned capacity (requests at which the engine queued) grows by "
+                                              "one request per this many seconds until the engine queues again")
+
+
 class SchedulingConfig(_Strict):
     plugins: tuple[PluginConfig, ...] = ()
     profiles: tuple[ProfileConfig, ...] = ()
@@ -269,6 +285,9 @@ class PoolConfig(_Strict):
     profile: str = Field(default="default", description="scheduling profile that picks endpoints in this pool")
     lora_adapters: tuple[str, ...] = Field(default=(), description="LoRA adapter names served by this pool")
     backup_pool: str | None = Field(default=None, description="pool that serves when this one has no healthy endpoint")
+    max_num_seqs: int | None = Field(default=None, ge=1, le=100_000,
+                                     description="the engines' --max-num-seqs: at most this many requests per endpoint "
+                                                 "before flow control holds them (default: learned from the engines)")
 
     @field_validator("name")
     @classmethod
@@ -305,10 +324,15 @@ class Policy(_Strict):
     health: HealthPolicy = HealthPolicy()
     rollout: RolloutPolicy = RolloutPolicy()
     flow_control: FlowControlConfig = FlowControlConfig()
+    saturation: SaturationConfig = SaturationConfig()
     audit: AuditConfig = AuditConfig()
     guard: GuardConfig = GuardConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
+
+    def exchanges_in_flight(self) -> bool:
+        """Whether the service replicas exchange their in-flight counts through Redis (extproc.server.fleet)."""
+        return self.limits.store == "redis" and self.flow_control.enabled and self.flow_control.fleet_sync_ms > 0
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:

@@ -29,6 +29,25 @@ class EndpointMetrics:
     ttft_buckets: tuple[tuple[float, float], ...] = ()
     ttft_sum: float = 0.0
     ttft_count: float = 0.0
+    preemptions: float = 0.0  # vllm:num_preemptions_total
+    # vllm:iteration_tokens_total histogram (tokens per engine step): (upper bound, cumulative count).
+    step_tokens_buckets: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(slots=True)
+class EngineState:
+    """What the scrapes taught about an engine's limits; written only by `extproc.endpoints.load.observe`."""
+
+    peak_running: float = 0.0  # the most requests ever seen running at once
+    queued_since: float | None = None  # first scrape of the current run of scrapes with requests waiting
+    queued_scrapes: int = 0
+    queued_low: float = 0.0  # fewest / most running during that run
+    queued_high: float = 0.0
+    queued_kv: float = 0.0  # highest KV use during that run
+    queued_steps: tuple[float, float] | None = None  # (steps, heavy steps) counted when that run began
+    step_bound: float = 0.0  # upper bound of the histogram bucket of the largest step ever seen
+    capacity: float = 0.0  # learned concurrency at which it queues (0: not learned)
+    confirmed_at: float = 0.0  # scrape time the capacity was last learned or confirmed
 
 
 @dataclass(slots=True, eq=False)
@@ -40,12 +59,9 @@ class Endpoint:
     metrics: EndpointMetrics | None = None  # None until the first successful scrape
     scrape_failures: int = 0  # consecutive failed scrapes
     latency_ewma_s: float | None = None  # time from routing to response headers
-    in_flight_at_scrape: int = 0  # in_flight when `metrics` was fetched (flow control's since-scrape delta)
+    in_flight_at_scrape: int = 0  # in_flight when `metrics` was fetched (the since-scrape delta)
     others_in_flight: int = 0  # other service replicas' in-flight requests here (extproc.server.fleet)
-    # Requests running the last time the engine was seen full (some waiting), and when (scrape clock).
-    batch_capacity: float = 0.0
-    batch_capacity_at: float = 0.0
-    batch_capacity_kv: float = 0.0  # KV cache use at that moment
+    engine: EngineState = field(default_factory=EngineState)
 
 
 @dataclass(slots=True)

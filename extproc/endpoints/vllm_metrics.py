@@ -30,6 +30,8 @@ _CACHE = "vllm:cache_config_info"
 _TTFT_BUCKET = "vllm:time_to_first_token_seconds_bucket"
 _TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 _TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
+_PREEMPTIONS = "vllm:num_preemptions_total"
+_STEP_TOKENS_BUCKET = "vllm:iteration_tokens_total_bucket"
 
 # A sample line: name, optional {labels}, whitespace, value, optional timestamp. The name alternation is
 # followed by `{` or blank so that `vllm:num_requests_running_foo` never matches. The label group is greedy
@@ -37,7 +39,7 @@ _TTFT_COUNT = "vllm:time_to_first_token_seconds_count"
 _SAMPLE_BODY = (
     r"(vllm:(?:num_requests_(?:running|waiting)|(?:kv|gpu)_cache_usage_perc"
     r"|(?:gpu_)?prefix_cache_(?:queries|hits)_total|lora_requests_info|cache_config_info"
-    r"|time_to_first_token_seconds_(?:bucket|sum|count)))"
+    r"|time_to_first_token_seconds_(?:bucket|sum|count)|num_preemptions_total|iteration_tokens_total_bucket))"
     r"(?:\{([^\n]*)\})?[ \t]+([^ \t\r\n]+)"
 )
 _FIRST_SAMPLE = re.compile(_SAMPLE_BODY)
@@ -112,6 +114,7 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
     cache_labels: str | None = None
     kv = kv_old = -1.0
     ttft: dict[float, float] = {}  # bucket upper bound -> cumulative count, summed over label sets
+    step_tokens: dict[float, float] = {}
     first = _FIRST_SAMPLE.match(text)
     for match in chain((first,) if first is not None else (), _SAMPLE.finditer(text)):
         name, labels, raw = match.groups()
@@ -131,14 +134,15 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
                 lora_labels = labels or ""
         elif name == _CACHE:
             cache_labels = labels or ""
-        elif name == _TTFT_BUCKET:
+        elif name in (_TTFT_BUCKET, _STEP_TOKENS_BUCKET):
             bound = _label(_LE, labels or "")
             try:
                 upper = float(bound) if bound is not None else None
             except ValueError:
                 upper = None
             if upper is not None:
-                ttft[upper] = ttft.get(upper, 0.0) + value
+                buckets = ttft if name == _TTFT_BUCKET else step_tokens
+                buckets[upper] = buckets.get(upper, 0.0) + value
         else:
             sums[name] = sums.get(name, 0.0) + value
 
@@ -170,4 +174,6 @@ def parse_vllm_metrics(text: str, scraped_at: float) -> EndpointMetrics:
         ttft_buckets=tuple(sorted(ttft.items())),
         ttft_sum=sums.get(_TTFT_SUM, 0.0),
         ttft_count=sums.get(_TTFT_COUNT, 0.0),
+        preemptions=sums.get(_PREEMPTIONS, 0.0),
+        step_tokens_buckets=tuple(sorted(step_tokens.items())),
     )

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["MESSAGE_TIMEOUT_SLACK_S", "FlowControlConfig", "PriorityClass", "SaturationConfig", "default_classes"]
+__all__ = ["MESSAGE_TIMEOUT_SLACK_S", "FlowControlConfig", "PriorityClass", "default_classes"]
 
 # Envoy's ext_proc timer for a queued request is extended to its remaining wait plus this slack, so
 # the service's own answer (granted, or an OpenAI-shaped rejection) always beats Envoy's timeout.
@@ -41,26 +41,6 @@ def default_classes() -> dict[str, PriorityClass]:
     }
 
 
-class SaturationConfig(_Strict):
-    """When an endpoint counts as saturated; a pool is saturated when none of its usable endpoints has room.
-
-    Load = vLLM's running + waiting requests at the last scrape plus what this process sent it since
-    (minus what finished since), so dispatch does not overshoot between scrapes. Once an endpoint has
-    been seen full (requests waiting), its batch capacity is the number running at that moment, and a
-    class has room while load < capacity x (1 - its reserve); the estimate grows by one slot every
-    `capacity_ttl_s` until the engine is seen full again. Before that, room is `max_waiting` minus
-    vLLM's queue. Stale metrics (older than
-    `stale_after_ms`, or never scraped) count as room: flow control never stalls traffic on missing data.
-    """
-
-    max_waiting: float = Field(default=2.0, gt=0, description="vLLM queue per endpoint at which it is saturated "
-                                                               "while its batch capacity is unknown")
-    max_kv_utilization: float = Field(default=0.95, gt=0, le=1.0, description="vllm:kv_cache_usage_perc, 0..1")
-    stale_after_ms: int = Field(default=1000, ge=50)
-    capacity_ttl_s: float = Field(default=30.0, gt=0, description="a learned batch capacity grows by one slot per "
-                                                                   "this many seconds without the engine being full")
-
-
 class FlowControlConfig(_Strict):
     """The admission queue in front of every pool (see README "Priority and load shedding")."""
 
@@ -72,10 +52,17 @@ class FlowControlConfig(_Strict):
     aging_per_s: float = Field(default=5.0, ge=0.0, description="priority points a queued request gains per second")
     max_queued: int = Field(default=1000, ge=1, le=1_000_000, description="queued requests per pool, all classes")
     retry_after_s: float = Field(default=1.0, ge=0.0, description="Retry-After on rejections")
-    saturation: SaturationConfig = SaturationConfig()
     # With limits.store redis: how often service replicas exchange their in-flight counts per endpoint
     # through Redis, so each sees the others' sends between scrapes (0 = never; needs a restart).
     fleet_sync_ms: int = Field(default=20, ge=0, le=10_000)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, value: object) -> object:
+        if isinstance(value, dict) and "saturation" in value:
+            raise ValueError("flow_control.saturation moved to the top-level `saturation` section, which the "
+                             "scheduler reads too (max_waiting is gone: a queue must last saturation.sustain_ms)")
+        return value
 
     @field_validator("classes")
     @classmethod

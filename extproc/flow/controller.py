@@ -7,27 +7,65 @@ class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count a
 room until the request is routed (`routed`) or abandoned (`leave`), so one kick never grants more
 than there is room for. A client that goes away while queued leaves at once (`leave` from the
 stream's end).
+
+The controller itself is sans-IO: time comes from the injected clock and expiry timers from the injected
+`timer` (asyncio's `call_later` by default), so a test can run it in virtual time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from extproc.flow.config import FlowControlConfig
 from extproc.flow.queue import FairQueue, Waiter
-from extproc.flow.saturation import Room
 
-__all__ = ["GO", "FlowController", "Rejected", "Ticket"]
+__all__ = ["GO", "FlowController", "Rejected", "Room", "Ticket", "Timer"]
 
 GO: Final = "go"
 # Queued requests expire this much before their class's max_wait_s (at most 10% of it), so that
 # event-loop lag on a busy process does not push a wait past the limit.
 EXPIRY_MARGIN_S: Final = 0.05
 Reason = Literal["saturated", "queue_full", "displaced", "timeout", "left"]
+
+
+class TimerHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+# Calls the function after the delay (seconds); the handle cancels it.
+Timer = Callable[[float, Callable[[], None]], TimerHandle]
+
+
+def _asyncio_timer(delay: float, callback: Callable[[], None]) -> TimerHandle:
+    return asyncio.get_running_loop().call_later(delay, callback)
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """How many more requests of a class a pool takes before it is full."""
+
+    requests: float  # math.inf: no limit known
+    stale: int = 0  # usable endpoints whose metrics were missing or stale
+
+    @classmethod
+    def of(cls, rooms: Iterable[float | None]) -> Room:
+        """A pool's room from its usable endpoints' (None: unknown). An endpoint of unknown room, or no
+        usable endpoint at all, leaves the pool unlimited: flow control never stalls on missing data (and
+        routing answers for a pool without endpoints)."""
+        total = 0.0
+        stale = seen = 0
+        for room in rooms:
+            seen += 1
+            if room is None:
+                stale += 1
+            else:
+                total += room
+        return cls(math.inf if stale or not seen else total, stale)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,30 +81,44 @@ class Ticket(Waiter):
     """A queued request, as its pool's queue holds it. `await ticket.wait()` -> None when granted, or
     the `Rejected`."""
 
-    __slots__ = ("_future", "_timer", "consumed", "pool")
+    __slots__ = ("_future", "_outcome", "_timer", "consumed", "pool", "settled")
 
     def __init__(self, pool: str, tenant: str, klass: str, priority: int, weight: float, tokens: int,
                  enqueued: float, deadline: float) -> None:
         super().__init__(tenant, klass, priority, weight, tokens, enqueued, deadline)
         self.pool = pool
-        self._future: asyncio.Future[Rejected | None] = asyncio.get_running_loop().create_future()
-        self._timer: asyncio.TimerHandle | None = None
+        self._future: asyncio.Future[Rejected | None] | None = None  # made by the first wait()
+        self._outcome: Rejected | None = None
+        self._timer: TimerHandle | None = None
+        self.settled = False
         self.consumed = False
 
     async def wait(self) -> Rejected | None:
+        if self.settled:
+            return self._outcome
+        if self._future is None:
+            self._future = asyncio.get_running_loop().create_future()
         return await asyncio.shield(self._future)
 
     @property
     def granted(self) -> bool:
-        return self._future.done() and self._future.result() is None
+        return self.settled and self._outcome is None
 
-    def arm(self, delay_s: float, expire: Callable[[Ticket], None]) -> None:
-        self._timer = asyncio.get_running_loop().call_later(delay_s, expire, self)
+    @property
+    def outcome(self) -> Rejected | None:
+        return self._outcome
+
+    def arm(self, timer: Timer, delay_s: float, expire: Callable[[Ticket], None]) -> None:
+        self._timer = timer(delay_s, lambda: expire(self))
 
     def settle(self, outcome: Rejected | None) -> None:
+        if self.settled:
+            return
         if self._timer is not None:
             self._timer.cancel()
-        if not self._future.done():
+        self.settled = True
+        self._outcome = outcome
+        if self._future is not None and not self._future.done():
             self._future.set_result(outcome)
 
 
@@ -98,12 +150,13 @@ class _Pool:
 class FlowController:
     def __init__(self, config: FlowControlConfig, room: Callable[[str, float, float], Room],
                  clock: Callable[[], float] = time.monotonic,
-                 observe_wait: Callable[[str, float], None] | None = None) -> None:
-        """`room(pool, now, reserve)`: the pool's room for a class keeping `reserve` of every batch free,
-        from live endpoint state (see `flow.saturation`)."""
+                 observe_wait: Callable[[str, float], None] | None = None, timer: Timer = _asyncio_timer) -> None:
+        """`room(pool, now, reserve)`: the pool's room for a class keeping `reserve` of every endpoint's
+        capacity free, from live endpoint state (see `extproc.endpoints.load`)."""
         self.config = config
         self._room = room
         self._clock = clock
+        self._timer = timer
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
 
@@ -145,7 +198,8 @@ class FlowController:
             self._evict(pool, lowest, now)
         ticket = Ticket(pool_name, tenant, klass, spec.priority, max(weight, 1e-6), max(1, tokens), now,
                         now + spec.max_wait_s)
-        ticket.arm(max(0.0, spec.max_wait_s - min(EXPIRY_MARGIN_S, 0.1 * spec.max_wait_s)), self._expire)
+        ticket.arm(self._timer, max(0.0, spec.max_wait_s - min(EXPIRY_MARGIN_S, 0.1 * spec.max_wait_s)),
+                   self._expire)
         pool.queue.push(ticket)
         pool.stats(klass).queued += 1
         return ticket

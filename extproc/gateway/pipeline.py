@@ -7,6 +7,7 @@ protobufs. Per-request routing state lives in an `Exchange`, apart from protocol
 from __future__ import annotations
 
 import json
+import math
 import time
 import uuid
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 from extproc.config import PoolConfig
 from extproc.endpoints import Endpoint, EndpointRegistry, Lease
 from extproc.endpoints.health import HealthConfig, HealthTracker
-from extproc.flow import GO, FlowController, Rejected, Room, Ticket, endpoint_room, pool_room
+from extproc.flow import GO, FlowController, Rejected, Room, Ticket
 from extproc.gateway.admission import (
     Admission,
     admit_request,
@@ -87,18 +88,20 @@ class Gateway:
 
     def pool_room(self, pool_name: str, now: float, reserve: float = 0.0) -> Room:
         """How many more requests of a class keeping `reserve` free `pool_name`'s usable endpoints take."""
-        pool = self._snapshots.current.by_name.get(pool_name)
-        endpoints = self._usable(pool, now) if pool is not None else []
-        return pool_room(endpoints, now, self._snapshots.current.policy.flow_control.saturation, reserve)
+        snapshot = self._snapshots.current
+        pool = snapshot.by_name.get(pool_name)
+        if pool is None:
+            return Room(math.inf, 0)
+        load = snapshot.load[pool_name]
+        return Room.of(load.room(e, now, reserve) for e in self._usable(pool, now))
 
     def _with_room(self, exchange: Exchange, candidates: list[Endpoint], now: float) -> list[Endpoint]:
         """The candidates with room for the request's class (all of them if none has room)."""
-        flow = exchange.snapshot.policy.flow_control
-        spec = flow.classes.get(exchange.klass)
+        spec = exchange.snapshot.policy.flow_control.classes.get(exchange.klass)
         if spec is None:
             return candidates
-        kept = [e for e in candidates if (room := endpoint_room(e, now, flow.saturation, spec.reserve)) is None
-                or room > 0]
+        load = exchange.snapshot.load[exchange.pool]
+        kept = [e for e in candidates if (room := load.room(e, now, spec.reserve)) is None or room > 0]
         return kept or candidates
 
     def sync_endpoints(self) -> None:
@@ -143,7 +146,7 @@ class Gateway:
             lora=request.model if request.model in pool.lora_adapters else None,
             session=head.headers.get("x-session-id") or request.user,
             now=self._clock(),
-            replicas=max(1, len(exchange.snapshot.policy.envoy.extproc_endpoints)),
+            load=exchange.snapshot.load[pool.name],
             sequence=sequence,
         )
 

@@ -6,6 +6,7 @@ import json
 from dataclasses import dataclass, field
 
 from extproc.config import Policy, PoolConfig
+from extproc.endpoints.load import LoadModel
 from extproc.guard import Guard
 from extproc.rollout.config import SplitConfig
 
@@ -19,6 +20,7 @@ class Snapshot:
     splits: dict[str, SplitConfig] = field(default_factory=dict)  # client model -> weighted pools
     models_listing: bytes = b""
     guard: Guard | None = None  # compiled content guard rules, if the policy has any
+    load: dict[str, LoadModel] = field(default_factory=dict)  # pool -> its load model (scheduler and flow control)
 
     @classmethod
     def build(cls, policy: Policy, version: int) -> Snapshot:
@@ -29,9 +31,13 @@ class Snapshot:
         splits = policy.rollout.by_model()
         names = [*by_model, *(m for m in splits if m not in by_model)]
         listing = {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "gateway"} for name in names]}
+        # Without the in-flight exchange, this replica's own count stands for each replica's.
+        replicas = 1 if policy.exchanges_in_flight() else max(1, len(policy.envoy.extproc_endpoints))
+        stale_s = policy.scheduling.scrape.stale_after_ms / 1000.0
+        load = {p.name: LoadModel(policy.saturation, stale_s, p.max_num_seqs, replicas) for p in policy.pools}
         return cls(policy, version, by_model, {p.name: p for p in policy.pools}, splits,
                    json.dumps(listing, separators=(",", ":")).encode(),
-                   Guard(policy.guard) if policy.guard.rules else None)
+                   Guard(policy.guard) if policy.guard.rules else None, load)
 
 
 class SnapshotHolder:

@@ -11,7 +11,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint
+from extproc.endpoints.load import LoadModel
+
+# Scheduling requests built without a pool's model (tests, benches): default saturation, 1 s staleness.
+DEFAULT_LOAD = LoadModel(SaturationConfig(), stale_after_s=1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,8 +30,8 @@ class SchedulingRequest:
     lora: str | None = None  # adapter name when the request targets a LoRA adapter
     session: str | None = None  # session key (header or body `user`) for session affinity
     now: float = 0.0  # monotonic clock, seconds
-    # Number of service replicas sharing the fleet; local in-flight counts are scaled by it.
-    replicas: int = 1
+    # The pool's load model: the same load, room and saturation flow control uses.
+    load: LoadModel = DEFAULT_LOAD
     # Per-process request counter: pickers break ties with it, so a decision is a pure function of
     # (request, endpoint state) and /debug/explain can reproduce the next one exactly.
     sequence: int = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Callable
 
@@ -33,22 +34,33 @@ def build_admin_app(
         ready = is_ready()
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
+    def _number(value: float | None) -> float | str | None:
+        return "inf" if value is not None and math.isinf(value) else value
+
     async def pools(_: web.Request) -> web.Response:
         now = time.monotonic()
         states = gateway.health.states(now)
-        data = {
-            pool.name: [
+        snapshot = snapshots.current
+        data = {}
+        for pool in endpoints.pools():
+            load = snapshot.load.get(pool.name)
+            data[pool.name] = [
                 {"address": ep.address, "in_flight": ep.in_flight, "picked_total": ep.picked_total,
                  "available": gateway.health.available(ep, now), "breaker": states.get(ep.address, "closed"),
                  "scrape_failures": ep.scrape_failures,
                  "metrics_age_s": None if ep.metrics is None else round(now - ep.metrics.scraped_at, 3),
                  "waiting": None if ep.metrics is None else ep.metrics.waiting,
                  "running": None if ep.metrics is None else ep.metrics.running,
-                 "kv_usage": None if ep.metrics is None else ep.metrics.kv_usage}
+                 "kv_usage": None if ep.metrics is None else ep.metrics.kv_usage,
+                 # The load model's view (extproc.endpoints.load), shared by flow control and the scheduler.
+                 "load": None if load is None else load.requests(ep, now),
+                 "capacity": None if load is None else load.capacity(ep, now),
+                 "room": None if load is None else _number(load.room(ep, now)),
+                 "peak_running": ep.engine.peak_running,
+                 "queued_for_s": None if ep.engine.queued_since is None or ep.metrics is None
+                 else round(ep.metrics.scraped_at - ep.engine.queued_since, 3)}
                 for ep in pool.endpoints
             ]
-            for pool in endpoints.pools()
-        }
         return web.json_response({"config_version": snapshots.current.version, "pools": data,
                                   "prompt_calibration": gateway.calibration.describe()})
 

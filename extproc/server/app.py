@@ -20,6 +20,7 @@ from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import EndpointRegistry, MetricsScraper
 from extproc.endpoints.discovery import DnsDiscoverer
+from extproc.endpoints.load import observe
 from extproc.gateway import Gateway, SnapshotHolder
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
@@ -152,7 +153,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    scraper = MetricsScraper(endpoints, policy.scheduling.scrape)
+    scraper = MetricsScraper(endpoints, policy.scheduling.scrape,
+                             observe=lambda e, m, n: observe(e, m, n, snapshots.current.policy.saturation))
     scraper.on_scrape = gateway.flow.kick_all  # fresh metrics may show room for queued requests
     registry.register(FlowCollector(gateway.flow))
     registry.register(PoolCollector(

@@ -57,7 +57,7 @@ def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Calla
     """The in-flight exchange between service replicas (flow control), when Redis is the limits store."""
     flow = policy.flow_control
     url = _redis_url(policy)
-    if policy.limits.store != "redis" or not url or not flow.enabled or flow.fleet_sync_ms <= 0:
+    if not url or not policy.exchanges_in_flight():
         return None
     interval_s = flow.fleet_sync_ms / 1000.0
     client = RespClient(Address.from_url(url), timeout_s=max(0.05, interval_s), scripts=FleetSync.SCRIPTS)

@@ -156,7 +156,9 @@ class Engine:
         while index < len(running) and budget > 0:
             request = running[index]
             count = min(request.num_tokens - request.computed, chunk, budget)
-            while not self.kv.grow(request.table, self._new_blocks(request, request.computed + count)):
+            # Decoding needs a new block only every block_size tokens: most steps allocate nothing.
+            while (request.table.size * self.profile.block_size < request.computed + count
+                   and not self.kv.grow(request.table, self._new_blocks(request, request.computed + count))):
                 victim = running.pop()  # the newest request gives its blocks back
                 self._preempt(victim)
                 preempted = True
@@ -253,6 +255,7 @@ class Engine:
         self.counters.generation_tokens += sampled
         if decoded:
             hists["vllm:inter_token_latency_seconds"].observe(step.duration_s, decoded)
+        hists["vllm:iteration_tokens_total"].observe(sum(n for _, n in step.scheduled))
         self.steps += 1
         self._reported = (len(self.running), len(self.waiting), self.kv.usage)
 

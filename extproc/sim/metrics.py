@@ -15,6 +15,7 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                20.0, 40.0, 80.0)
+STEP_TOKEN_BUCKETS = (1.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0)
 REQUEST_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                    120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -51,6 +52,8 @@ def _new_histograms() -> dict[str, Histogram]:
         "vllm:time_per_output_token_seconds": Histogram(ITL_BUCKETS),
         "vllm:e2e_request_latency_seconds": Histogram(REQUEST_BUCKETS),
         "vllm:request_queue_time_seconds": Histogram(REQUEST_BUCKETS),
+        # A histogram despite the `_total` in its name, as vLLM names it.
+        "vllm:iteration_tokens_total": Histogram(STEP_TOKEN_BUCKETS),
     }
 
 
@@ -107,6 +110,7 @@ _HELP = {
     "vllm:time_per_output_token_seconds": "Histogram of time per output token in seconds.",
     "vllm:e2e_request_latency_seconds": "Histogram of e2e request latency in seconds.",
     "vllm:request_queue_time_seconds": "Histogram of time spent in WAITING phase for request.",
+    "vllm:iteration_tokens": "Histogram of number of tokens per engine_step.",
 }
 
 

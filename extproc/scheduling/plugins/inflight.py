@@ -1,7 +1,8 @@
 """inflight-scorer: prefer endpoints with fewer requests (or tokens) in flight.
 
-Counts are this process's own, corrected upward by the last scrape of running+waiting, so the
-score reacts between scrapes without ignoring other gateway replicas' traffic.
+Requests are the pool's load model's estimate (`extproc.endpoints.load`): the last scrape's running + waiting
+plus what was sent since, never below the replicas' in-flight counts, so the score reacts between scrapes
+without ignoring other gateway replicas' traffic. Tokens are this process's own estimates.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.load import request_load
 from extproc.scheduling.registry import PluginError, PluginRegistry, build_params
 
 TYPE = "inflight-scorer"
@@ -21,7 +21,6 @@ TYPE = "inflight-scorer"
 @dataclass(frozen=True)
 class Params:
     mode: str = "requests"  # "requests" or "tokens"
-    stale_after_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("requests", "tokens"):
@@ -37,7 +36,7 @@ class InflightScorer:
         if self.params.mode == "tokens":
             loads = [float(e.in_flight_tokens) for e in endpoints]
         else:
-            loads = [request_load(e, request.now, self.params.stale_after_s, request.replicas) for e in endpoints]
+            loads = [request.load.requests(e, request.now) for e in endpoints]
         high = max(loads)
         if high <= 0:
             return [1.0] * len(loads)

@@ -8,7 +8,6 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.load import fresh_metrics
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "kv-cache-utilization-scorer"
@@ -16,7 +15,6 @@ TYPE = "kv-cache-utilization-scorer"
 
 @dataclass(frozen=True)
 class Params:
-    stale_after_s: float = 1.0
     unknown_score: float = 0.5  # no fresh scrape: neither preferred nor avoided
 
 
@@ -28,7 +26,7 @@ class KvUtilizationScorer:
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         scores = []
         for endpoint in endpoints:
-            metrics = fresh_metrics(endpoint, request.now, self.params.stale_after_s)
+            metrics = request.load.fresh(endpoint, request.now)
             scores.append(self.params.unknown_score if metrics is None else 1.0 - metrics.kv_usage)
         return scores
 

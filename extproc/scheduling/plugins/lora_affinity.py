@@ -12,7 +12,6 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.load import fresh_metrics
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "lora-affinity-scorer"
@@ -20,7 +19,6 @@ TYPE = "lora-affinity-scorer"
 
 @dataclass(frozen=True)
 class Params:
-    stale_after_s: float = 1.0
     unknown_score: float = 0.5
 
 
@@ -35,7 +33,7 @@ class LoraAffinityScorer:
             return [1.0] * len(endpoints)
         scores = []
         for endpoint in endpoints:
-            metrics = fresh_metrics(endpoint, request.now, self.params.stale_after_s)
+            metrics = request.load.fresh(endpoint, request.now)
             if metrics is None:
                 scores.append(self.params.unknown_score)
             elif adapter in metrics.running_loras:

@@ -18,7 +18,6 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.load import request_load
 from extproc.scheduling.prefix import rendezvous
 from extproc.scheduling.registry import PluginRegistry, build_params
 
@@ -32,7 +31,6 @@ class Params:
     spill_score: float = 0.5  # score of the next-ranked endpoint (where this prefix spills)
     index_capacity: int = 200_000  # block hashes remembered (LRU)
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
-    stale_after_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.anchor_blocks < 1 or self.index_capacity < 1 or self.load_bound < 1.0:
@@ -58,7 +56,7 @@ class PrefixAffinityScorer:
         scores = [0.0] * len(endpoints)
         if len(blocks) < self.params.min_blocks or not blocks:
             return scores
-        loads = [request_load(e, request.now, self.params.stale_after_s, request.replicas) for e in endpoints]
+        loads = [request.load.requests(e, request.now) for e in endpoints]
         bound = self.params.load_bound * (sum(loads) / len(loads) + 1.0)
         eligible = [i for i in self.ranking(request, endpoints) if loads[i] <= bound]
         if eligible:

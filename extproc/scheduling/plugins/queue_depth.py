@@ -8,7 +8,6 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.load import fresh_metrics
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "queue-scorer"
@@ -16,7 +15,6 @@ TYPE = "queue-scorer"
 
 @dataclass(frozen=True)
 class Params:
-    stale_after_s: float = 1.0
     # Running requests count this much relative to waiting ones (waiting is what hurts TTFT most).
     running_weight: float = 0.25
 
@@ -27,8 +25,8 @@ class QueueScorer:
         self.params = params
 
     def _depth(self, endpoint: Endpoint, request: SchedulingRequest) -> float:
-        local = float(endpoint.in_flight * request.replicas)
-        metrics = fresh_metrics(endpoint, request.now, self.params.stale_after_s)
+        local = request.load.in_flight(endpoint)
+        metrics = request.load.fresh(endpoint, request.now)
         if metrics is None:
             return local * self.params.running_weight
         return metrics.waiting + self.params.running_weight * max(metrics.running, local - metrics.waiting)

@@ -1,4 +1,5 @@
-"""saturation-filter: drop endpoints whose vLLM queue or KV cache is saturated.
+"""saturation-filter: drop endpoints that are full, by the pool's load model (`extproc.endpoints.load`), the same
+rule flow control applies: no separate thresholds to disagree with it.
 
 (Unhealthy endpoints never reach a profile: the gateway's circuit breakers remove them first.)
 
@@ -14,7 +15,6 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.load import fresh_metrics
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "saturation-filter"
@@ -22,9 +22,7 @@ TYPE = "saturation-filter"
 
 @dataclass(frozen=True)
 class Params:
-    max_waiting: float = 10.0  # vLLM queue deeper than this: overload is coming
-    max_kv_usage: float = 0.95
-    stale_after_s: float = 1.0
+    pass
 
 
 class SaturationFilter:
@@ -32,14 +30,9 @@ class SaturationFilter:
         self.name = name
         self.params = params
 
-    def _ok(self, endpoint: Endpoint, now: float) -> bool:
-        metrics = fresh_metrics(endpoint, now, self.params.stale_after_s)
-        if metrics is None:
-            return True
-        return metrics.waiting < self.params.max_waiting and metrics.kv_usage < self.params.max_kv_usage
-
     def filter(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
-        kept = [e for e in endpoints if self._ok(e, request.now)]
+        load, now = request.load, request.now
+        kept = [e for e in endpoints if not load.saturated(e, now)]
         return kept if kept else list(endpoints)
 
 

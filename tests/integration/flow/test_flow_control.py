@@ -1,7 +1,8 @@
 """Flow control through real Envoy + service + simulator: held replies, shedding, timeouts, disconnects.
 
-One simulated replica that runs one sequence at a time (max_num_seqs 1) and lets one wait in its own
-queue (saturation.max_waiting 1): two long requests saturate the pool, later ones queue in the service.
+Simulated replicas that run one sequence at a time. Pool `chat` tells the service so (max_num_seqs 1): one
+long request fills it and later ones queue in the service. Pool `learn` does not: requests queue in the
+engine until that queue has lasted `saturation.sustain_ms`, which teaches the service the capacity.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ from extproc.bench.stack import SimPool, Stack, launch
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-POOL = SimPool("chat", "org/chat", 1, aliases=("chat",))
-LONG_TOKENS = 300  # x 10 ms per token: each long request holds the only slot ~3 s
+POOL = SimPool("chat", "org/chat", 1, aliases=("chat",), max_num_seqs=1)
+LEARN = SimPool("learn", "org/learn", 1, aliases=("learn",))
+LONG_TOKENS = 300  # x 10 ms per step: each long request holds the only seat ~3 s
 STANDARD_WAIT_S = 1.5
 
 POLICY: dict[str, Any] = {
@@ -35,8 +37,8 @@ POLICY: dict[str, Any] = {
         "classes": {"critical": {"priority": 100, "max_wait_s": 10.0},
                     "standard": {"priority": 50, "max_wait_s": STANDARD_WAIT_S},
                     "sheddable": {"priority": 0, "max_wait_s": 0}},
-        "saturation": {"max_waiting": 1},
     },
+    "saturation": {"sustain_ms": 500},
 }
 
 
@@ -44,10 +46,10 @@ POLICY: dict[str, Any] = {
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     workdir: Path = tmp_path_factory.mktemp("flow")
     profile = workdir / "one-seq.yaml"
-    profile.write_text(json.dumps({"base": "fast", "name": "one-seq", "max_num_seqs": 1, "itl_s": 0.01,
+    profile.write_text(json.dumps({"base": "fast", "name": "one-seq", "max_num_seqs": 1, "step_base_s": 0.01,
                                    "max_tokens_cap": 2048, "min_output_fraction": 1.0}))
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch(group, workdir, [POOL], extra_policy=POLICY,
+        yield await launch(group, workdir, [POOL, LEARN], extra_policy=POLICY,
                            sim_args=["--profile", str(profile), "--stream-chunk-tokens", "8"])
 
 
@@ -57,8 +59,8 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
         yield session
 
 
-def body(max_tokens: int = 4, stream: bool = False) -> dict[str, Any]:
-    return {"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
+def body(max_tokens: int = 4, stream: bool = False, model: str = "chat") -> dict[str, Any]:
+    return {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": max_tokens,
             "stream": stream}
 
 
@@ -74,16 +76,21 @@ async def post(http: aiohttp.ClientSession, stack: Stack, payload: dict[str, Any
             time.monotonic() - started)
 
 
-async def flow_stats(http: aiohttp.ClientSession, stack: Stack) -> dict[str, Any]:
+async def flow_stats(http: aiohttp.ClientSession, stack: Stack, pool: str = "chat") -> dict[str, Any]:
     async with http.get(f"{stack.admin_url}/debug/flow") as response:
-        stats: dict[str, Any] = (await response.json())["pools"].get("chat", {})
+        stats: dict[str, Any] = (await response.json())["pools"].get(pool, {})
         return stats
 
 
+async def pool_view(http: aiohttp.ClientSession, stack: Stack, pool: str) -> dict[str, Any]:
+    async with http.get(f"{stack.admin_url}/debug/pools") as response:
+        endpoint: dict[str, Any] = (await response.json())["pools"][pool][0]
+        return endpoint
+
+
 async def saturate(http: aiohttp.ClientSession, stack: Stack) -> list[asyncio.Task[Any]]:
-    """Two long critical requests: one runs; the other waits in the replica's queue while the service
-    has not yet seen the replica full (then it learns its batch capacity, 1), or in the service's
-    queue once it has. Either way the pool is saturated for ~2 x 3 s."""
+    """Two long critical requests: one runs, the other waits in the service's queue (the pool's one seat is
+    taken). The pool is saturated for ~2 x 3 s."""
     critical = {"x-gateway-priority": "critical"}
     holders = [asyncio.create_task(post(http, stack, body(LONG_TOKENS), tier="gold", **critical))]
     await asyncio.sleep(0.3)
@@ -156,3 +163,30 @@ async def test_a_queued_request_whose_client_left_leaves_the_queue_at_once(
     status, _, _, _ = await post(http, stack, body())
     assert status == 200
     assert (await flow_stats(http, stack))["pending_grants"] == 0
+
+
+async def test_a_queue_that_lasts_teaches_the_capacity_then_requests_wait_in_the_service(
+        stack: Stack, http: aiohttp.ClientSession) -> None:
+    view = await pool_view(http, stack, "learn")
+    assert view["capacity"] is None and view["room"] == "inf"  # nothing known: nothing is held
+    critical = {"x-gateway-priority": "critical"}
+    holders = [asyncio.create_task(post(http, stack, body(LONG_TOKENS, model="learn"), tier="gold", **critical))
+               for _ in range(3)]  # one runs, two wait in the engine's own queue
+    deadline = time.monotonic() + 5.0
+    while time.monotonic() < deadline and view["capacity"] is None:
+        await asyncio.sleep(0.05)
+        view = await pool_view(http, stack, "learn")
+    assert view["capacity"] == 1.0 and view["running"] == 1.0, view
+    assert view["queued_for_s"] >= 0.5
+    # Now a new request is held by the service, not sent to the engine's queue.
+    held = asyncio.create_task(post(http, stack, body(model="learn")))
+    deadline = time.monotonic() + 2.0
+    queued = 0
+    while time.monotonic() < deadline and not queued:
+        await asyncio.sleep(0.02)
+        queued = (await flow_stats(http, stack, "learn"))["queued"].get("standard", 0)
+    assert queued == 1
+    status, _, payload, _ = await held
+    assert status == 503 and payload["error"]["code"] == "overloaded_timeout", payload
+    for holder in holders:
+        assert (await holder)[0] == 200

@@ -33,7 +33,7 @@ async def gauges(http: aiohttp.ClientSession, admin_url: str) -> dict[str, float
 
 async def test_pool_gauges_follow_the_engine(tmp_path: Path) -> None:
     profile = tmp_path / "two-slots.json"
-    profile.write_text(json.dumps({"base": "fast", "max_num_seqs": 2, "itl_s": 0.005}))
+    profile.write_text(json.dumps({"base": "fast", "max_num_seqs": 2, "step_base_s": 0.005}))
     body = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 150,
                        "stream": True}).encode()
     spec = RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body, stream=True)

@@ -286,17 +286,18 @@ def test_is_fresh() -> None:
     assert not is_fresh(ep, 10.5, 1.0)
 
 
-async def test_learns_batch_capacity_when_requests_wait_and_notifies(servers: list[FakeVllm]) -> None:
-    first, second, _ = servers
-    second.body = PAGE.replace('waiting{model_name="m"} 1.0', 'waiting{model_name="m"} 0.0')
-    registry = registry_of(first.address, second.address)
-    seen: list[int] = []
-    scraper = MetricsScraper(registry, CONFIG, clock=lambda: 50.0)
-    scraper.on_scrape = lambda: seen.append(1)
+async def test_hands_each_scrape_to_the_observer_and_notifies(servers: list[FakeVllm]) -> None:
+    first, _, _ = servers
+    registry = registry_of(first.address)
+    seen: list[tuple[str, float, int]] = []
+    notified: list[int] = []
+    scraper = MetricsScraper(registry, CONFIG, clock=lambda: 50.0,
+                             observe=lambda e, m, n: seen.append((e.address, m.waiting, n)))
+    scraper.on_scrape = lambda: notified.append(1)
+    ep = endpoint(registry, first.address)
+    ep.in_flight = 2
     async with scraper:
-        await eventually(lambda: all(ep.metrics is not None for ep in registry.endpoints()))
-        full, idle = endpoint(registry, first.address), endpoint(registry, second.address)
-        # Requests waiting: the 3 running are what fits now. Nothing waiting: capacity stays unknown.
-        assert (full.batch_capacity, full.batch_capacity_at, full.batch_capacity_kv) == (3.0, 50.0, 0.5)
-        assert idle.batch_capacity == 0.0
-        assert len(seen) >= 2
+        await eventually(lambda: len(seen) >= 2)
+    assert seen[0] == (first.address, 1.0, 2)
+    assert len(notified) >= 2
+    assert ep.metrics is None  # the observer, not the scraper, adopts the metrics

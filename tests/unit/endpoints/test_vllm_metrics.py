@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 
 import pytest
@@ -128,6 +129,9 @@ def test_parses_a_real_looking_vllm_page() -> None:
         prefix_hits=64000.0,
         block_size=16,
         num_gpu_blocks=27713,
+        step_tokens_buckets=((1.0, 0.0), (2.0, 3.0), (5.0, 9.0), (10.0, 18.0), (20.0, 30.0), (50.0, 45.0),
+                             (100.0, 63.0), (200.0, 84.0), (500.0, 108.0), (1000.0, 135.0), (2000.0, 165.0),
+                             (5000.0, 198.0), (10000.0, 234.0), (math.inf, 273.0)),
     )
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint, EndpointMetrics
+from extproc.endpoints.load import LoadModel
 from extproc.scheduling import SchedulingRequest, prefix_blocks
 
 NOW = 100.0
@@ -21,7 +23,8 @@ def fleet(count: int = 8) -> list[Endpoint]:
 
 
 def request(prompt: str = "", *, lora: str | None = None, session: str | None = None,
-            replicas: int = 1, sequence: int = 0) -> SchedulingRequest:
+            replicas: int = 1, sequence: int = 0, seats: int | None = None) -> SchedulingRequest:
+    load = LoadModel(SaturationConfig(), stale_after_s=1.0, seats=seats, replicas=replicas)
     return SchedulingRequest(model="m", prompt_tokens=len(prompt) // 4, max_output_tokens=64,
                              prefix_blocks=prefix_blocks(prompt), lora=lora, session=session, now=NOW,
-                             replicas=replicas, sequence=sequence)
+                             load=load, sequence=sequence)

@@ -76,7 +76,7 @@ def test_custom_profile_from_config() -> None:
     [
         ((PluginConfig(name="x", type="no-such-type"),), "unknown type"),
         ((PluginConfig(name="x", type="queue-scorer", parameters={"bogus": 1}),), "unknown parameter"),
-        ((PluginConfig(name="x", type="queue-scorer", parameters={"stale_after_s": "soon"}),), "must be float"),
+        ((PluginConfig(name="x", type="queue-scorer", parameters={"running_weight": "soon"}),), "must be float"),
         ((PluginConfig(name="prefix", type="queue-scorer"),), "reserved"),
         ((PluginConfig(name="x", type="inflight-scorer", parameters={"mode": "bytes"}),), "mode"),
     ],

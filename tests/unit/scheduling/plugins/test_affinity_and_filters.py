@@ -24,12 +24,16 @@ def test_session_affinity_is_stable_and_spreads() -> None:
     assert scorer.score(request(), endpoints) == [0.0] * 4
 
 
-def test_saturation_filter_drops_but_never_empties() -> None:
-    plugin = saturation.create("s", {"max_waiting": 5})
-    healthy, queued, full = endpoint("a:1"), endpoint("b:1", waiting=9), endpoint("c:1", kv=0.99)
-    assert plugin.filter(request(), [healthy, queued, full]) == [healthy]
-    assert plugin.filter(request(), [queued, full]) == [queued, full]
-    assert plugin.filter(request(), [endpoint("e:1", waiting=99, age=30)])[0].address == "e:1"
+def test_saturation_filter_drops_full_endpoints_by_the_shared_load_model_but_never_empties() -> None:
+    plugin = saturation.create("s", {})
+    healthy = endpoint("a:1", running=2)
+    transient = endpoint("b:1", running=1, waiting=3)  # a queue of one step, capacity unknown: not full
+    seated = endpoint("c:1", running=8, waiting=1)  # at the pool's max_num_seqs of 8
+    kv_full = endpoint("d:1", running=3, waiting=1, kv=0.99)
+    assert plugin.filter(request(seats=8), [healthy, transient, seated, kv_full]) == [healthy, transient]
+    assert plugin.filter(request(), [healthy, transient, seated, kv_full]) == [healthy, transient, seated]
+    assert plugin.filter(request(seats=8), [seated, kv_full]) == [seated, kv_full]
+    assert plugin.filter(request(seats=1), [endpoint("e:1", running=99, age=30)])[0].address == "e:1"
 
 
 def test_pickers() -> None:

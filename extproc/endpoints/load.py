@@ -1,0 +1,157 @@
+"""How loaded an endpoint is and when it is full: the one model the scheduler and flow control share.
+
+Load: vLLM's running + waiting at the last scrape, plus what this process sent since (minus what finished),
+never below what the service replicas have in flight there (this process's count plus the others' as
+synced through Redis, or this count times the replica count without that sync).
+
+Full, when either holds:
+- KV: the cache is past `max_kv_utilization` while requests wait (a preempted request waits too), until a
+  request of this process finishes there (that frees blocks no scrape has shown yet);
+- capacity: the load reaches the capacity less the class's reserve. The capacity is the pool's
+  `max_num_seqs` when configured, lowered to what the engine was seen to sustain once that is learned;
+  without either there is no limit, and flow control holds nothing on a guess.
+
+Learning. vLLM admits only at step boundaries, so a request that arrives behind a long prefill chunk waits
+even with free seats: `waiting > 0` alone means nothing. A capacity is learned only from a queue that
+lasts `sustain_ms` (3 scrapes or more) while running stays on a plateau, the KV cache below `KV_BOUND` (or
+requests may be waiting for blocks, which the KV rule judges) and at most `BUDGET_BOUND` of the steps heavy
+(over half the largest step seen, by vllm:iteration_tokens_total: otherwise requests wait for the step's
+token budget, and more seats would not help). It is then the most requests ever seen running there, never
+less, and it grows by one request per `capacity_ttl_s` until such a queue confirms it again.
+
+Stale or missing metrics (older than `scheduling.scrape.stale_after_ms`) make an endpoint's room unknown
+(None): flow control then counts its pool as having room, so missing data never stalls traffic.
+"""
+
+from __future__ import annotations
+
+import math
+
+from extproc.config.schema import SaturationConfig
+from extproc.endpoints.registry import Endpoint, EndpointMetrics, EngineState
+
+__all__ = ["BUDGET_BOUND", "KV_BOUND", "LoadModel", "observe"]
+
+# A queue run counts as a plateau of the batch when the fewest running requests in it are at least this
+# share of the most: a full batch only loses the few requests that finished in the last step.
+_PLATEAU = 0.75
+_MIN_QUEUED_SCRAPES = 3
+KV_BOUND = 0.8
+# A queue during which more than this share of the engine's steps were heavy (over half its largest step)
+# is waiting for the token budget, not for seats.
+BUDGET_BOUND = 0.75
+
+
+def observe(endpoint: Endpoint, metrics: EndpointMetrics, in_flight: int, config: SaturationConfig) -> None:
+    """Adopt one scrape: the metrics, the in-flight count it was taken at, and what it says about capacity."""
+    endpoint.metrics = metrics
+    endpoint.in_flight_at_scrape = in_flight
+    state = endpoint.engine
+    at = metrics.scraped_at
+    state.peak_running = max(state.peak_running, metrics.running)
+    steps = _step_counts(metrics, state)
+    if metrics.waiting <= 0:
+        state.queued_since = None
+        return
+    if state.queued_since is None:
+        state.queued_since = at
+        state.queued_scrapes = 0
+        state.queued_low = state.queued_high = metrics.running
+        state.queued_kv = 0.0
+        state.queued_steps = steps
+    state.queued_scrapes += 1
+    state.queued_low = min(state.queued_low, metrics.running)
+    state.queued_high = max(state.queued_high, metrics.running)
+    state.queued_kv = max(state.queued_kv, metrics.kv_usage)
+    lasted = at - state.queued_since >= config.sustain_ms / 1000.0 and state.queued_scrapes >= _MIN_QUEUED_SCRAPES
+    plateau = state.queued_high > 0 and state.queued_low >= _PLATEAU * state.queued_high
+    if lasted and plateau and state.queued_kv < KV_BOUND and not _budget_bound(state.queued_steps, steps):
+        state.capacity = state.peak_running
+        state.confirmed_at = at
+
+
+def _step_counts(metrics: EndpointMetrics, state: EngineState) -> tuple[float, float] | None:
+    """(steps, heavy steps) so far by the step-size histogram; None when the engine does not export it."""
+    buckets = metrics.step_tokens_buckets
+    if not buckets:
+        return None
+    previous = 0.0
+    for bound, cumulative in buckets:
+        if math.isfinite(bound) and cumulative > previous:
+            state.step_bound = max(state.step_bound, bound)
+        previous = cumulative
+    total = buckets[-1][1]
+    light = 0.0
+    for bound, cumulative in buckets:
+        if bound > state.step_bound / 2:
+            break
+        light = cumulative
+    return total, total - light
+
+
+def _budget_bound(start: tuple[float, float] | None, now: tuple[float, float] | None) -> bool:
+    if start is None or now is None or now[0] <= start[0]:
+        return False
+    return (now[1] - start[1]) / (now[0] - start[0]) > BUDGET_BOUND
+
+
+class LoadModel:
+    """Load, room and saturation of one pool's endpoints under one policy."""
+
+    __slots__ = ("_config", "_replicas", "_seats", "_stale_s")
+
+    def __init__(self, config: SaturationConfig, stale_after_s: float, seats: int | None = None,
+                 replicas: int = 1) -> None:
+        """`seats`: the engines' max_num_seqs when configured; `replicas`: multiply this process's in-flight
+        count by it (1 when the replicas exchange their counts, see `extproc.server.fleet`)."""
+        self._config = config
+        self._seats = seats
+        self._stale_s = stale_after_s
+        self._replicas = max(1, replicas)
+
+    def fresh(self, endpoint: Endpoint, now: float) -> EndpointMetrics | None:
+        metrics = endpoint.metrics
+        if metrics is None or now - metrics.scraped_at > self._stale_s:
+            return None
+        return metrics
+
+    def in_flight(self, endpoint: Endpoint) -> float:
+        """What the service replicas have in flight on the endpoint, as far as this process knows."""
+        return float(endpoint.in_flight * self._replicas + endpoint.others_in_flight)
+
+    def requests(self, endpoint: Endpoint, now: float) -> float:
+        """Requests running or waiting at the engine now (the best estimate)."""
+        local = self.in_flight(endpoint)
+        metrics = self.fresh(endpoint, now)
+        if metrics is None:
+            return local
+        sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
+        return max(metrics.running + metrics.waiting + sent_since, local)
+
+    def capacity(self, endpoint: Endpoint, now: float) -> float | None:
+        """Requests the endpoint takes before it queues them (None: no limit known)."""
+        state = endpoint.engine
+        learned = None
+        if state.capacity > 0:
+            learned = state.capacity + math.floor(max(0.0, now - state.confirmed_at) / self._config.capacity_ttl_s)
+        if self._seats is None:
+            return learned
+        return float(self._seats) if learned is None else min(float(self._seats), learned)
+
+    def room(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:
+        """More requests of a class keeping `reserve` of the capacity free the endpoint takes before it is
+        full (math.inf: no limit); None when its metrics are missing or stale."""
+        metrics = self.fresh(endpoint, now)
+        if metrics is None:
+            return None
+        if (metrics.kv_usage >= self._config.max_kv_utilization and metrics.waiting > 0
+                and endpoint.in_flight >= endpoint.in_flight_at_scrape):
+            return 0.0
+        capacity = self.capacity(endpoint, now)
+        if capacity is None:
+            return math.inf
+        return max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - self.requests(endpoint, now))
+
+    def saturated(self, endpoint: Endpoint, now: float) -> bool:
+        room = self.room(endpoint, now)
+        return room is not None and room <= 0
