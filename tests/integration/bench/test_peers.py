@@ -115,6 +115,7 @@ async def test_vllm_router_power_of_two_avoids_the_replica_that_reports_load(tmp
             assert time.monotonic() < deadline, "the peer never saw the load /get_load reported"
             await _chat(http, peer, "probe", "probe", 1)
             probes += 1
+            await asyncio.sleep(0.05)
         # With two workers both are always the two choices: every request goes to the idle one.
         served = [await _chat(http, peer, "system", f"question {i}", 2) for i in range(10)]
         assert served == [idle.address] * 10
