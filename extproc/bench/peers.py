@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -69,6 +70,8 @@ class PeerRouter:
     fallbacks: tuple[tuple[str, str, frozenset[str]], ...] = ()
     # Debug-level log lines that mean a fallback.
     fallback_log: tuple[str, ...] = ()
+    # A regex the log must match at least once after a run that served requests (the policy's own trace).
+    evidence: str = ""
     workers_path: str = "/workers"
 
     def argv(self, binary: str, port: int, metrics_port: int, workers: Sequence[str], log_level: str) -> list[str]:
@@ -100,7 +103,9 @@ PEERS: Mapping[str, PeerRouter] = MappingProxyType({
     "vllm-router-power-of-two": PeerRouter(
         "vllm-router-power-of-two", "vllm-router", "vllm-router", "power_of_two", extra_args=_VLLM_ARGS,
         decisions=("vllm_router_policy_decisions_total", MappingProxyType({"policy": "power_of_two"})),
-        fallback_log=("/get_load returned", "Failed to get load from"),
+        fallback_log=("returned non-success status", "Failed to get load from", "Failed to parse load response"),
+        # Loads all zero would mean /get_load feeds it nothing and the choice is random: one nonzero suffices.
+        evidence=r"Power-of-two selection: \S+=[1-9]|vs \S+=[1-9]",
         workers_path="/list_workers",
     ),
 })
@@ -161,8 +166,7 @@ def _delta(before: Samples, after: Samples) -> dict[SampleKey, float]:
     return {key: value - before.get(key, 0.0) for key, value in after.items() if value - before.get(key, 0.0)}
 
 
-def policy_check(router: PeerRouter, before: Samples,
-                 after: Samples, served: int) -> dict[str, Any]:
+def policy_check(router: PeerRouter, before: Samples, after: Samples, served: int) -> dict[str, Any]:
     """Did the peer's named policy decide the `served` requests of a run, with no fallback?"""
     delta = _delta(before, after)
     name, wanted = router.decisions
@@ -183,18 +187,17 @@ def policy_check(router: PeerRouter, before: Samples,
             "ok": not fallbacks and decisions >= served}
 
 
-def peer_summary(peer: Peer, before: Samples,
-                 after: Samples, served: int,
-                 log_copy: Path) -> dict[str, Any]:
+def peer_summary(peer: Peer, before: Samples, after: Samples, served: int, log_copy: Path) -> dict[str, Any]:
     """What a report says about one peer run: its command, the policy check and a copy of its log."""
     log_copy.parent.mkdir(parents=True, exist_ok=True)
     text = peer.log_path.read_text(encoding="utf-8", errors="replace") if peer.log_path.exists() else ""
     log_copy.write_text(text, encoding="utf-8")
     check = policy_check(peer.router, before, after, served)
     lines = fallback_lines(peer.router, text)
-    check["ok"] = check["ok"] and not lines
+    traced = not peer.router.evidence or served == 0 or re.search(peer.router.evidence, text) is not None
+    check["ok"] = check["ok"] and not lines and traced
     return {"router": peer.router.package, "argv": list(peer.child.argv), "log": str(log_copy),
-            "policy_check": check, "fallback_log_lines": lines}
+            "policy_check": check, "fallback_log_lines": lines, "log_evidence": traced}
 
 
 def fallback_lines(router: PeerRouter, log_text: str, limit: int = 5) -> list[str]:

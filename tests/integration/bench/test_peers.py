@@ -126,3 +126,5 @@ async def test_vllm_router_power_of_two_avoids_the_replica_that_reports_load(tmp
         await stop_peer(group, peer)
     check = policy_check(peer.router, before, after, served=10 + probes)
     assert check["ok"] and check["decisions"] == 10 + probes, check
+    log = peer.log_path.read_text(errors="replace")
+    assert re.search(peer.router.evidence, log) and fallback_lines(peer.router, log) == []

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,10 @@ def test_plan_accepts_peers_on_one_pool_only(tmp_path: Path) -> None:
     assert plan.strategies == ("sglang-cache-aware", "vllm-router-power-of-two", "default")
     with pytest.raises(ValueError, match="front one pool"):
         routing._plan(parser.parse_args([*base, "vllm-router-cache-aware", "--workload", "mixed"]))
+
+
+def test_power_of_two_evidence_needs_a_nonzero_load() -> None:
+    evidence = PEERS["vllm-router-power-of-two"].evidence
+    line = "INFO power_of_two.rs:82: Power-of-two selection: http://127.0.0.1:1={} vs http://127.0.0.1:2={} -> selected"
+    assert re.search(evidence, line.format(0, 4)) and re.search(evidence, line.format(12, 0))
+    assert not re.search(evidence, line.format(0, 0))
