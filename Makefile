@@ -10,7 +10,7 @@ HELM   := $(BIN)/helm
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[demo,dev]'
+	$(BIN)/python -m pip install --quiet -e '.[demo,dev,bench]'
 	touch $(STAMP)
 
 # Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store.

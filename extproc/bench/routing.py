@@ -32,6 +32,7 @@ from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.overload import DEFAULT_LOADS, run_overload
 from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
+from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds
 from extproc.bench.report import ProgressPrinter, format_table
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
@@ -110,7 +111,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "adapters on one, short and long prompts; overload: three priority classes and unequal "
                              "tenants offered multiples of the fleet's capacity (see --loads) (default %(default)s)")
     parser.add_argument("--strategies", default=None,
-                        help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc) or a "
+                        help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
+                             f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random "
                              f"(default {DEFAULT_STRATEGIES}); overload: envoy-least-request, default (no flow "
                              f"control), default+flow (default {OVERLOAD_STRATEGIES})")
@@ -165,12 +167,16 @@ class Plan:
 
 def _plan(args: argparse.Namespace) -> Plan:
     strategies = tuple(_csv(args.strategies or DEFAULT_STRATEGIES))
-    known = set(ENVOY_STRATEGIES) | set(BUILTIN_PROFILES)
+    known = set(ENVOY_STRATEGIES) | set(BUILTIN_PROFILES) | set(PEERS)
     unknown = [s for s in strategies if s not in known]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))}")
     endpoints = args.endpoints or 8
     layout = layout_for(args.workload, endpoints)
+    peers = [s for s in strategies if s in PEERS]
+    if peers and len(layout.pools) > 1:
+        raise ValueError(f"peer routers {peers} front one pool; the {args.workload} workload has "
+                         f"{len(layout.pools)} (one peer per pool behind a pool router is not built)")
     rates = [float(q) for q in _csv(args.qps or DEFAULT_QPS[args.workload])]
     if not rates or min(rates) <= 0:
         raise ValueError("--qps needs positive rates")
@@ -217,22 +223,28 @@ def _use_profile(stack: Stack, pools: Sequence[SimPool], profile: str) -> None:
     write_config(stack.policy, stack.envoy_dir)
 
 
-async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str) -> Stack:
+async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str) -> tuple[Stack, Peer | None]:
     pools = plan.layout.pools
     envoy_only = strategy in ENVOY_STRATEGIES
-    stack = prepare(workdir, pools, service_replicas=1 if envoy_only else plan.replicas)
-    if not envoy_only:
+    alone = envoy_only or strategy in PEERS  # no service of ours in the stack
+    stack = prepare(workdir, pools, service_replicas=1 if alone else plan.replicas)
+    if not alone:
         _use_profile(stack, pools, strategy)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, plan.sim_args)
+    if strategy in PEERS:  # the peer is the front door, in place of Envoy (one pool, checked by _plan)
+        workers = [f"http://127.0.0.1:{port}" for port in stack.sim_ports[pools[0].name]]
+        peer = await start_peer(group, strategy, workers)
+        stack.children[peer.router.binary] = peer.child
+        return stack, peer
     if not envoy_only:
         for index in range(plan.replicas):
             child = await start_service(group, stack, index)
             stack.children[child.name] = child
         stack.children["envoy"] = await start_envoy(group, stack)
-        return stack
+        return stack, None
     # The gateway listener's port is free here (no gateway listener), so the baseline takes it.
     await start_envoy_only(group, stack, strategy)
-    return stack
+    return stack, None
 
 
 async def _scrape(client: HttpClient, addresses: Sequence[str]) -> dict[str, str]:
@@ -259,18 +271,19 @@ def _with_pool_header(next_spec: Callable[[int], RequestSpec]) -> Callable[[int]
 async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
     workdir = plan.workdir / f"{strategy}-q{qps:g}"
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
-        stack = await _start(group, workdir, plan, strategy)
+        stack, peer = await _start(group, workdir, plan, strategy)
         workload = plan.layout.workload(plan.seed)
         next_spec = workload.next_spec
         if strategy in ENVOY_STRATEGIES:
             next_spec = _with_pool_header(next_spec)
-        port = stack.envoy_port
+        port = stack.envoy_port if peer is None else peer.port
         warm = await run_open_loop("127.0.0.1", port, next_spec, rate=qps, duration_s=plan.warmup_s,
                                    seed=plan.seed, client=client) if plan.warmup_s > 0 else []
         offset = len(warm)
         endpoints = {pool: [f"127.0.0.1:{p}" for p in ports] for pool, ports in stack.sim_ports.items()}
         addresses = [a for pool in endpoints.values() for a in pool]
         metrics_before = await _scrape(client, addresses)
+        peer_before = await scrape_peer(client, peer) if peer is not None else {}
         cpu_before, self_before, t0 = group.cpu_seconds(), self_cpu_seconds(), time.perf_counter()
         printer = ProgressPrinter(prefix=f"{strategy} @ {qps:g} qps ")
         try:
@@ -282,6 +295,13 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         cpu_after, self_after = group.cpu_seconds(), self_cpu_seconds()
         metrics_after = await _scrape(client, addresses)
+        peer_report: dict[str, Any] | None = None
+        if peer is not None:
+            peer_after = await scrape_peer(client, peer)
+            await stop_peer(group, peer)
+            served = sum(1 for s in samples if s.error is None and not s.aborted)
+            peer_report = peer_summary(peer, peer_before, peer_after, served,
+                                       plan.out / "peer-logs" / f"{strategy}-q{qps:g}.log")
     cores = cores_used({**cpu_before, "client": self_before}, {**cpu_after, "client": self_after}, wall)
     by_pool: dict[str, list[Sample]] = {}
     for sample in samples:
@@ -291,6 +311,8 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
                     pool_counts, cores)
     row["wall_s"] = round(wall, 2)
     row["warmup_requests"] = offset
+    if peer_report is not None:
+        row["peer"] = peer_report
     return row
 
 
@@ -305,6 +327,10 @@ def _point_line(row: dict[str, Any]) -> str:
     if "failed" in row:
         return f"{row['strategy']} @ {row['qps']:g} qps FAILED: {row['failed']}"
     flag = f" SATURATED: {','.join(row['saturated'])}" if row["saturated"] else ""
+    if "peer" in row:
+        check = row["peer"]["policy_check"]
+        flag += (f" peer {check['policy']}: {check['decisions']} decisions for {check['served']} served, "
+                 f"fallbacks {check['fallbacks'] or 0}{'' if check['ok'] else ' POLICY NOT IN EFFECT'}")
     return (f"{row['strategy']} @ {row['qps']:g} qps: ok={row['ok']} err={row['errors']} "
             f"ttft p50/p99={row['ttft_p50_ms']}/{row['ttft_p99_ms']} ms hit={row['hit_rate']} "
             f"cv={row['spread_cv']} cores={row['cores']}{flag}")
@@ -351,4 +377,8 @@ async def run_routing(args: argparse.Namespace) -> int:
         print(f"warning: processes above {SATURATED_CORES} core (results may be CPU-bound): {saturated}")
     print(f"wall time {wall} s; reports: {', '.join(str(p) for p in paths)}")
     failed = len(rows) - len(good)
-    return 1 if failed or any(r["errors"] for r in good) else 0
+    not_in_effect = [r for r in good if "peer" in r and not r["peer"]["policy_check"]["ok"]]
+    for row in not_in_effect:
+        print(f"error: {row['strategy']} @ {row['qps']:g}: the peer's policy was not in effect "
+              f"(see {row['peer']['log']})", file=sys.stderr)
+    return 1 if failed or not_in_effect or any(r["errors"] for r in good) else 0
