@@ -2,8 +2,8 @@
 
 Three priority classes and several tenants offer a multiple of the fleet's capacity (streaming chat,
 unique prompts so caching plays no part). Strategies: Envoy's least-request alone, our router without
-flow control (`default`), and our router with flow control (`default+flow`). Reported per class: TTFT
-p50/p99 of served requests, rejections, longest time to a rejection; per point: goodput (served
+flow control (`default+noflow`), and our router with flow control as a new user gets it (`default`).
+Reported per class: TTFT p50/p99 of served requests, rejections, longest time to a rejection; per point: goodput (served
 requests whose TTFT met the SLO), Jain's fairness index over the standard class's equal-weight
 tenants, and the longest queue wait per class the service saw (/debug/flow).
 
@@ -38,15 +38,16 @@ from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup, start_redis
 from extproc.bench.report import ProgressPrinter, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
+from extproc.bench.routing_options import NOFLOW, split_strategy
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import percentiles
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
 
-__all__ = ["DEFAULT_LOADS", "DEFAULT_STRATEGIES", "MIX", "Demand", "capacity_rps", "jain", "max_min_shares",
-           "run_overload"]
+__all__ = ["DEFAULT_LOADS", "DEFAULT_STRATEGIES", "MIX", "Demand", "capacity_rps", "flow_stats", "flow_summary",
+           "jain", "max_min_shares", "run_overload"]
 
-DEFAULT_STRATEGIES = "envoy-least-request,default,default+flow"
+DEFAULT_STRATEGIES = "envoy-least-request,default+noflow,default"
 DEFAULT_LOADS = "0.7,2"
 MODEL = "llama-3.1-8b-instruct"
 PROMPT_CHARS = 400  # ~100 tokens
@@ -200,7 +201,7 @@ async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: i
         port = free_ports(1)[0]
         await start_redis(group, port)
         redis_url = f"redis://127.0.0.1:{port}/0"
-    stack = prepare(workdir, pools, extra_policy=_policy(strategy.endswith("+flow"), redis_url, fleet_sync_ms),
+    stack = prepare(workdir, pools, extra_policy=_policy(split_strategy(strategy)[1], redis_url, fleet_sync_ms),
                     service_replicas=1 if envoy_only else replicas)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
     if envoy_only:
@@ -213,7 +214,7 @@ async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: i
     return stack
 
 
-async def _flow_stats(client: HttpClient, stack: Stack) -> list[dict[str, Any]]:
+async def flow_stats(client: HttpClient, stack: Stack, pool: str = "chat") -> list[dict[str, Any]]:
     """/debug/flow of the pool from every service replica (each keeps its own queue)."""
     found: list[dict[str, Any]] = []
     for _, admin_port in stack.service_ports:
@@ -223,8 +224,16 @@ async def _flow_stats(client: HttpClient, stack: Stack) -> list[dict[str, Any]]:
             continue
         if response.status == 200:
             pools: dict[str, dict[str, Any]] = json.loads(response.body).get("pools", {})
-            found.append(pools.get("chat", {}))
+            found.append(pools.get(pool, {}))
     return found
+
+
+def flow_summary(flows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Requests flow control queued and refused (every class, warm-up included), and the longest wait."""
+    classes = [stats for flow in flows for stats in flow.get("classes", {}).values()]
+    return {"queued": sum(int(c.get("queued", 0)) for c in classes),
+            "rejected": sum(sum(c.get("rejected", {}).values()) for c in classes),
+            "max_wait_s": max((float(c.get("max_wait_s", 0.0)) for c in classes), default=0.0)}
 
 
 def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
@@ -239,6 +248,7 @@ def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
 async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
                     sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
     rate = load * capacity
+    envoy_only = strategy in ENVOY_STRATEGIES
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
         stack = await _start(group, workdir, strategy, endpoints, sim_args, args.replicas, args.fleet_sync_ms)
         specs = _spec_factory(args.seed, strategy in ENVOY_STRATEGIES)
@@ -254,7 +264,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         finally:
             printer.close()
         wall = time.perf_counter() - started
-        flows = await _flow_stats(client, stack) if strategy.endswith("+flow") else []
+        flows = await flow_stats(client, stack) if not envoy_only and split_strategy(strategy)[1] else []
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
     return {
@@ -299,11 +309,11 @@ def verdicts(rows: Sequence[Mapping[str, Any]], loads: Sequence[float],
 
 async def run_overload(args: argparse.Namespace) -> int:
     strategies = [s.strip() for s in (args.strategies or DEFAULT_STRATEGIES).split(",") if s.strip()]
-    bad = [s for s in strategies if s not in ENVOY_STRATEGIES and s.removesuffix("+flow") != "default"]
+    bad = [s for s in strategies if s not in ENVOY_STRATEGIES and split_strategy(s)[0] != "default"]
     loads = [float(x) for x in (args.loads or DEFAULT_LOADS).split(",") if x.strip()]
     endpoints = args.endpoints or 4
     if bad or not loads or min(loads) <= 0:
-        print(f"error: strategies must be envoy-least-request, envoy-round-robin, default or default+flow "
+        print(f"error: strategies must be envoy-least-request, envoy-round-robin, default or default{NOFLOW} "
               f"(got {bad}); --loads must be positive", file=sys.stderr)
         return 2
     profile = BUILTIN_PROFILES["h100-8b"]

@@ -30,7 +30,7 @@ import yaml
 
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.overload import DEFAULT_LOADS, run_overload
+from extproc.bench.overload import DEFAULT_LOADS, flow_stats, flow_summary, run_overload
 from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds
@@ -46,6 +46,7 @@ from extproc.bench.routing_metrics import (
     kv_blocks_for,
     point_row,
 )
+from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, fleet_capacity_rps, split_strategy
 from extproc.bench.routing_report import write_reports
 from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import summarize
@@ -58,6 +59,7 @@ from extproc.bench.workloads import (
 )
 from extproc.config import parse_policy
 from extproc.config.schema import BUILTIN_PROFILES
+from extproc.sim.profile import load_profile
 from extproc.xds import write_config
 
 __all__ = ["WORKLOADS", "Layout", "configure", "layout_for", "run_routing", "sim_profile"]
@@ -80,11 +82,14 @@ class Layout:
     workload: Callable[[int], RoutingWorkload]
 
 
-def layout_for(name: str, endpoints: int) -> Layout:
+def layout_for(name: str, endpoints: int, shape: PrefixShape | None = None) -> Layout:
     if name in ("shared-prefix", "multi-turn"):
         pool = SimPool("chat", CHAT_MODEL, endpoints)
         if name == "shared-prefix":
-            return Layout((pool,), lambda seed: shared_prefix_workload(CHAT_MODEL, seed=seed))
+            s = shape or PrefixShape()
+            return Layout((pool,), lambda seed: shared_prefix_workload(
+                CHAT_MODEL, seed=seed, groups=s.groups, prefix_tokens=s.prefix_tokens,
+                question_tokens=s.question_tokens, max_tokens=s.output_tokens, popularity=s.popularity))
         return Layout((pool,), lambda seed: multi_turn_workload(CHAT_MODEL, seed=seed))
     if name == "mixed":
         if endpoints < 2:
@@ -113,9 +118,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategies", default=None,
                         help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
-                             "scheduling profile of the service, e.g. default, load-only, least-inflight, random "
-                             f"(default {DEFAULT_STRATEGIES}); overload: envoy-least-request, default (no flow "
-                             f"control), default+flow (default {OVERLOAD_STRATEGIES})")
+                             "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
+                             f"with flow control on, or off with the suffix {NOFLOW} (default {DEFAULT_STRATEGIES}); "
+                             f"overload: envoy-least-request, default, default{NOFLOW} (default {OVERLOAD_STRATEGIES})")
     parser.add_argument("--qps", default=None,
                         help="comma list of offered request rates (Poisson arrivals); default per workload: "
                              + "; ".join(f"{k} {v}" for k, v in DEFAULT_QPS.items() if k != "overload"))
@@ -129,7 +134,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoints", type=int, default=None,
                         help="simulated vLLM replicas in total (default 8; overload: 4)")
     parser.add_argument("--loads", default=None,
-                        help=f"overload only: comma list of offered load / fleet capacity (default {DEFAULT_LOADS})")
+                        help="comma list of offered load / fleet capacity, instead of --qps; shared-prefix: the "
+                             "capacity with every prefix cached; overload: see there (default for overload "
+                             f"{DEFAULT_LOADS})")
+    add_shape_options(parser)
     parser.add_argument("--capacity", type=float, default=None,
                         help="overload only: the fleet's capacity in req/s (default: from the simulator profile)")
     parser.add_argument("--slo-ttft", type=float, default=2.0,
@@ -168,18 +176,27 @@ class Plan:
 def _plan(args: argparse.Namespace) -> Plan:
     strategies = tuple(_csv(args.strategies or DEFAULT_STRATEGIES))
     known = set(ENVOY_STRATEGIES) | set(BUILTIN_PROFILES) | set(PEERS)
-    unknown = [s for s in strategies if s not in known]
+    unknown = [s for s in strategies if split_strategy(s)[0] not in known
+               or (s.endswith(NOFLOW) and split_strategy(s)[0] not in BUILTIN_PROFILES)]
     if not strategies or unknown:
-        raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))}")
+        raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
+                         f"(a profile may take {NOFLOW})")
     endpoints = args.endpoints or 8
-    layout = layout_for(args.workload, endpoints)
+    shape = PrefixShape.from_args(args)
+    layout = layout_for(args.workload, endpoints, shape)
     peers = [s for s in strategies if s in PEERS]
     if peers and len(layout.pools) > 1:
         raise ValueError(f"peer routers {peers} front one pool; the {args.workload} workload has "
                          f"{len(layout.pools)} (one peer per pool behind a pool router is not built)")
-    rates = [float(q) for q in _csv(args.qps or DEFAULT_QPS[args.workload])]
+    if args.loads is not None:
+        if args.workload != "shared-prefix" or args.qps is not None:
+            raise ValueError("--loads (instead of --qps) is for the shared-prefix and overload workloads")
+        capacity = fleet_capacity_rps(load_profile(BASE_PROFILE), endpoints, shape)
+        rates = [round(float(x) * capacity, 2) for x in _csv(args.loads)]
+    else:
+        rates = [float(q) for q in _csv(args.qps or DEFAULT_QPS[args.workload])]
     if not rates or min(rates) <= 0:
-        raise ValueError("--qps needs positive rates")
+        raise ValueError("--qps and --loads need positive values")
     duration, warmup = args.duration, args.warmup
     if args.quick:
         rates = [rates[0]] if args.qps else [rates[len(rates) // 2]]
@@ -211,9 +228,12 @@ def _plan(args: argparse.Namespace) -> Plan:
                 workdir, sim_args, args.replicas, args.seed)
 
 
-def _use_profile(stack: Stack, pools: Sequence[SimPool], profile: str) -> None:
-    """Point every pool at scheduling `profile` and declare its LoRA adapters (not part of stack.prepare)."""
+def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
+    """Point every pool at the strategy's scheduling profile, set its flow control and declare the pools' LoRA
+    adapters (not part of stack.prepare)."""
+    profile, flow = split_strategy(strategy)
     document = yaml.safe_load(stack.policy_path.read_text())
+    document.setdefault("flow_control", {})["enabled"] = flow
     for entry, pool in zip(document["pools"], pools, strict=True):
         entry["profile"] = profile
         if pool.lora:
@@ -295,6 +315,8 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         cpu_after, self_after = group.cpu_seconds(), self_cpu_seconds()
         metrics_after = await _scrape(client, addresses)
+        ours = peer is None and strategy not in ENVOY_STRATEGIES
+        flow = flow_summary([f for pool in endpoints for f in await flow_stats(client, stack, pool)]) if ours else None
         peer_report: dict[str, Any] | None = None
         if peer is not None:
             peer_after = await scrape_peer(client, peer)
@@ -311,6 +333,8 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
                     pool_counts, cores)
     row["wall_s"] = round(wall, 2)
     row["warmup_requests"] = offset
+    if flow is not None:
+        row["flow"] = flow
     if peer_report is not None:
         row["peer"] = peer_report
     return row
@@ -320,7 +344,8 @@ TABLE = [("strategy", "strategy"), ("qps", "qps"), ("ok", "ok"), ("errors", "err
          ("ttft_p50_ms", "ttft50"), ("ttft_p90_ms", "ttft90"), ("ttft_p99_ms", "ttft99"),
          ("tpot_p50_ms", "tpot50"), ("e2e_p50_ms", "e2e50"), ("e2e_p99_ms", "e2e99"),
          ("output_tokens_per_s", "out_tok/s"), ("hit_rate", "hit"), ("spread_cv", "cv"),
-         ("spread_max_min", "max/min"), ("max_cores", "max_core")]
+         ("spread_max_min", "max/min"), ("flow.queued", "fc_q"), ("flow.max_wait_s", "fc_wait"),
+         ("flow.rejected", "fc_rej"), ("max_cores", "max_core")]
 
 
 def _point_line(row: dict[str, Any]) -> str:

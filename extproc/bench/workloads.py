@@ -29,13 +29,15 @@ class ModelTarget:
 
 
 def chat_spec(model: str, system: str, question: str, *, stream: bool, max_tokens: int,
-              labels: dict[str, str]) -> RequestSpec:
+              labels: dict[str, str], ignore_eos: bool = False) -> RequestSpec:
     body: dict[str, object] = {
         "model": model,
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
         "max_tokens": max_tokens,
         "stream": stream,
     }
+    if ignore_eos:  # vLLM's extension: generate exactly max_tokens
+        body["ignore_eos"] = True
     if stream:
         body["stream_options"] = {"include_usage": True}
     return RequestSpec("POST", "/v1/chat/completions", JSON_HEADERS, json.dumps(body).encode(), stream,
@@ -113,23 +115,42 @@ class RoutingWorkload:
     prefix_working_set_tokens: dict[str, int]
 
 
+def popularity_weights(popularity: str, groups: int) -> list[float]:
+    """`uniform`, or `zipf:S`: group i (from 0) is asked with weight 1 / (i + 1)^S."""
+    if popularity == "uniform":
+        return [1.0] * groups
+    kind, _, exponent = popularity.partition(":")
+    try:
+        s = float(exponent)
+    except ValueError:
+        s = -1.0
+    if kind != "zipf" or s <= 0:
+        raise ValueError(f"popularity must be 'uniform' or 'zipf:S' with S > 0, got {popularity!r}")
+    return [1.0 / (i + 1) ** s for i in range(groups)]
+
+
 def shared_prefix_workload(
     model: str, *, pool: str = "chat", seed: int = 0, groups: int = 32, prefix_tokens: tuple[int, int] = (1500, 3000),
     question_tokens: tuple[int, int] = (8, 48), max_tokens: tuple[int, int] = _OUTPUT_TOKENS,
+    popularity: str = "uniform",
 ) -> RoutingWorkload:
-    """`groups` long system prompts, each followed by many different short questions (uniform over groups)."""
+    """`groups` long system prompts, each followed by many different questions; groups asked with `popularity`.
+
+    A fixed output length (`max_tokens` low == high) is generated exactly (`ignore_eos`)."""
+    weights = popularity_weights(popularity, groups)
     systems: list[str] = []
     for group in range(groups):
         rng = random.Random(seed * 7_919 + group)
         systems.append(f"You are assistant {group}. " + prompt_text(rng, rng.randint(*prefix_tokens)))
     working_set = sum(len(s.split()) + _TEMPLATE_TOKENS for s in systems)
+    exact = max_tokens[0] == max_tokens[1]
 
     def next_spec(index: int) -> RequestSpec:
         rng = random.Random(seed * 1_000_003 + index)
-        group = rng.randrange(groups)
+        group = rng.choices(range(groups), weights)[0]
         question = prompt_text(rng, rng.randint(*question_tokens)) + "?"
         return chat_spec(model, systems[group], question, stream=True, max_tokens=rng.randint(*max_tokens),
-                         labels={"pool": pool, "model": model, "group": str(group)})
+                         labels={"pool": pool, "model": model, "group": str(group)}, ignore_eos=exact)
 
     return RoutingWorkload("shared-prefix", next_spec, {pool: working_set})
 

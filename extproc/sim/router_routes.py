@@ -42,8 +42,8 @@ class RouterRoutes:
         ]
 
     def load(self) -> int:
-        """Requests this replica holds: the batch plus its queue."""
-        return len(self.engine.running) + len(self.engine.waiting)
+        """Requests this replica holds: the batch, its queue and what arrived since the last step."""
+        return self.engine.requests_present()
 
     async def get_load(self, request: web.Request) -> web.Response:
         return web.json_response({"load": self.load()})
@@ -52,7 +52,7 @@ class RouterRoutes:
         profile = self.spec.profile
         engine = self.engine
         state = {"load": self.load(), "num_running_reqs": len(engine.running),
-                 "num_waiting_reqs": len(engine.waiting), "token_usage": round(engine.kv.usage, 4)}
+                 "num_waiting_reqs": len(engine.waiting) + len(engine.inbox), "token_usage": round(engine.kv.usage, 4)}
         return web.json_response({
             "served_model_name": self.spec.model,
             "dp_size": 1,
