@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from extproc.bench.routing_options import (
+    NOFLOW,
+    PrefixShape,
+    add_shape_options,
+    fleet_capacity_rps,
+    parse_range,
+    split_strategy,
+)
+from extproc.bench.workloads import popularity_weights, shared_prefix_workload
+from extproc.sim.profile import Profile
+
+
+def test_strategies_run_flow_control_as_shipped_unless_told_not_to() -> None:
+    assert split_strategy("default") == ("default", True)
+    assert split_strategy(f"load-only{NOFLOW}") == ("load-only", False)
+
+
+@pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])
+def test_ranges(text: str, bounds: tuple[int, int]) -> None:
+    assert parse_range(text) == bounds
+
+
+@pytest.mark.parametrize("text", ["0", "9-3", "x", "3-"])
+def test_bad_ranges(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_range(text)
+
+
+def test_zipf_popularity_favours_the_first_groups() -> None:
+    weights = popularity_weights("zipf:1.1", 48)
+    assert weights[0] == 1.0 and weights[1] == pytest.approx(2 ** -1.1) and weights[47] < weights[10]
+    assert popularity_weights("uniform", 3) == [1.0, 1.0, 1.0]
+    for bad in ("zipf", "zipf:-1", "pareto:2"):
+        with pytest.raises(ValueError):
+            popularity_weights(bad, 3)
+
+
+def test_zipf_workload_asks_the_hot_group_most_and_exact_outputs_ignore_eos() -> None:
+    workload = shared_prefix_workload("m", groups=48, prefix_tokens=(50, 50), question_tokens=(5, 5),
+                                      max_tokens=(100, 100), popularity="zipf:1.1")
+    groups = [workload.next_spec(i).labels["group"] for i in range(2000)]
+    assert groups.count("0") > 5 * groups.count("20") > 0
+    assert b'"ignore_eos": true' in workload.next_spec(0).body
+
+
+def test_shape_from_args_and_capacity_with_every_prefix_cached() -> None:
+    parser = argparse.ArgumentParser()
+    add_shape_options(parser)
+    args = parser.parse_args(["--groups", "48", "--prefix-tokens", "3000", "--question-tokens", "300",
+                              "--output-tokens", "100", "--popularity", "zipf:1.1"])
+    shape = PrefixShape.from_args(args)
+    assert shape == PrefixShape(48, (3000, 3000), (300, 300), (100, 100), "zipf:1.1")
+    profile = Profile()
+    assert fleet_capacity_rps(profile, 8, shape) == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
+    with pytest.raises(ValueError):
+        PrefixShape.from_args(parser.parse_args(["--popularity", "zipf"]))
