@@ -46,7 +46,14 @@ from extproc.bench.routing_metrics import (
     kv_blocks_for,
     point_row,
 )
-from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, fleet_capacity_rps, split_strategy
+from extproc.bench.routing_options import (
+    CAPACITY_HIT_RATE,
+    NOFLOW,
+    PrefixShape,
+    add_shape_options,
+    fleet_capacity_rps,
+    split_strategy,
+)
 from extproc.bench.routing_report import write_reports
 from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import summarize
@@ -135,8 +142,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="simulated vLLM replicas in total (default 8; overload: 4)")
     parser.add_argument("--loads", default=None,
                         help="comma list of offered load / fleet capacity, instead of --qps; shared-prefix: the "
-                             "capacity with every prefix cached; overload: see there (default for overload "
-                             f"{DEFAULT_LOADS})")
+                             f"capacity with {CAPACITY_HIT_RATE:.0%} of every system prompt cached; overload: see "
+                             f"there (default for overload {DEFAULT_LOADS})")
     add_shape_options(parser)
     parser.add_argument("--capacity", type=float, default=None,
                         help="overload only: the fleet's capacity in req/s (default: from the simulator profile)")

@@ -4,9 +4,14 @@ Load: vLLM's running + waiting at the last scrape, plus what this process sent s
 never below what the service replicas have in flight there (this process's count plus the others' as
 synced through Redis, or this count times the replica count without that sync).
 
-Full, when either holds:
+Full, when any holds:
 - KV: the cache is past `max_kv_utilization` while requests wait (a preempted request waits too), until a
   request of this process finishes there (that frees blocks no scrape has shown yet);
+- queueing: the engine's own queue has lasted `sustain_ms` (3 scrapes or more), whatever it waits for
+  (seats, blocks, the step's token budget): it then gets a new request only when its queue is estimated
+  empty (waiting at the scrape, plus what was sent since, minus what finished since), so it never idles and
+  the rest waits in the service, where priority and fair share apply. The first scrape without a queue
+  ends this;
 - capacity: the load reaches the capacity less the class's reserve. The capacity is the pool's
   `max_num_seqs` when configured, lowered to what the engine was seen to sustain once that is learned;
   without either there is no limit, and flow control holds nothing on a guess.
@@ -63,7 +68,7 @@ def observe(endpoint: Endpoint, metrics: EndpointMetrics, in_flight: int, config
     state.queued_low = min(state.queued_low, metrics.running)
     state.queued_high = max(state.queued_high, metrics.running)
     state.queued_kv = max(state.queued_kv, metrics.kv_usage)
-    lasted = at - state.queued_since >= config.sustain_ms / 1000.0 and state.queued_scrapes >= _MIN_QUEUED_SCRAPES
+    lasted = state.queued_scrapes >= _MIN_QUEUED_SCRAPES and at - state.queued_since >= config.sustain_ms / 1000.0
     plateau = state.queued_high > 0 and state.queued_low >= _PLATEAU * state.queued_high
     if lasted and plateau and state.queued_kv < KV_BOUND and not _budget_bound(state.queued_steps, steps):
         state.capacity = state.peak_running
@@ -138,19 +143,29 @@ class LoadModel:
             return learned
         return float(self._seats) if learned is None else min(float(self._seats), learned)
 
+    def queueing(self, endpoint: Endpoint) -> bool:
+        """Whether the engine's own queue has lasted `sustain_ms` (up to its last scrape)."""
+        state = endpoint.engine
+        metrics = endpoint.metrics
+        return (metrics is not None and state.queued_since is not None and state.queued_scrapes >= _MIN_QUEUED_SCRAPES
+                and metrics.scraped_at - state.queued_since >= self._config.sustain_ms / 1000.0)
+
     def room(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:
         """More requests of a class keeping `reserve` of the capacity free the endpoint takes before it is
         full (math.inf: no limit); None when its metrics are missing or stale."""
         metrics = self.fresh(endpoint, now)
         if metrics is None:
             return None
-        if (metrics.kv_usage >= self._config.max_kv_utilization and metrics.waiting > 0
-                and endpoint.in_flight >= endpoint.in_flight_at_scrape):
+        sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
+        if metrics.kv_usage >= self._config.max_kv_utilization and metrics.waiting > 0 and sent_since >= 0:
             return 0.0
+        room = math.inf
+        if self.queueing(endpoint):
+            room = max(0.0, 1.0 - (metrics.waiting + sent_since))
         capacity = self.capacity(endpoint, now)
-        if capacity is None:
-            return math.inf
-        return max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - self.requests(endpoint, now))
+        if capacity is not None:
+            room = min(room, max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - self.requests(endpoint, now)))
+        return room
 
     def saturated(self, endpoint: Endpoint, now: float) -> bool:
         room = self.room(endpoint, now)

@@ -49,7 +49,7 @@ def test_zipf_workload_asks_the_hot_group_most_and_exact_outputs_ignore_eos() ->
     assert b'"ignore_eos": true' in workload.next_spec(0).body
 
 
-def test_shape_from_args_and_capacity_with_every_prefix_cached() -> None:
+def test_shape_from_args_and_capacity_at_a_prefix_hit_rate() -> None:
     parser = argparse.ArgumentParser()
     add_shape_options(parser)
     args = parser.parse_args(["--groups", "48", "--prefix-tokens", "3000", "--question-tokens", "300",
@@ -57,6 +57,7 @@ def test_shape_from_args_and_capacity_with_every_prefix_cached() -> None:
     shape = PrefixShape.from_args(args)
     assert shape == PrefixShape(48, (3000, 3000), (300, 300), (100, 100), "zipf:1.1")
     profile = Profile()
-    assert fleet_capacity_rps(profile, 8, shape) == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
+    assert fleet_capacity_rps(profile, 8, shape, hit_rate=1.0) == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
+    assert fleet_capacity_rps(profile, 8, shape) == pytest.approx(8 * profile.capacity_rps(3308, 100, 908))
     with pytest.raises(ValueError):
         PrefixShape.from_args(parser.parse_args(["--popularity", "zipf"]))

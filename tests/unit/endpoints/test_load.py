@@ -19,20 +19,34 @@ def scrape(ep: Endpoint, at: float, running: float = 0, waiting: float = 0, kv: 
                                 step_tokens_buckets=steps), ep.in_flight, CONFIG)
 
 
-def queue_for(ep: Endpoint, start: float, seconds: float, running: float, waiting: float = 2) -> float:
+def queue_for(ep: Endpoint, start: float, seconds: float, running: float, waiting: float = 2,
+              kv: float = 0.1) -> float:
     """Scrapes every 100 ms showing `running` and a queue; returns the last scrape time."""
     at = start
     while at <= start + seconds + 1e-9:
-        scrape(ep, at, running=running, waiting=waiting)
+        scrape(ep, at, running=running, waiting=waiting, kv=kv)
         at += 0.1
     return at - 0.1
 
 
-def test_an_unknown_capacity_never_holds_anything() -> None:
+def test_an_engine_without_a_lasting_queue_or_a_known_capacity_holds_nothing() -> None:
     ep = Endpoint("a:1", in_flight=50)
     scrape(ep, 10.0, running=40, waiting=10)
     assert model().room(ep, 10.1) == math.inf
     assert not model().saturated(ep, 10.1)
+
+
+def test_a_lasting_queue_holds_new_requests_until_the_engine_has_taken_its_own() -> None:
+    ep = Endpoint("a:1", in_flight=14)
+    last = queue_for(ep, 10.0, 1.2, running=10, waiting=4, kv=0.85)  # KV-bound: no capacity learned
+    assert ep.engine.capacity == 0 and model().queueing(ep)
+    assert model().room(ep, last) == 0
+    ep.in_flight = 11  # three finished: the engine admitted three of its four
+    assert model().room(ep, last) == 0
+    ep.in_flight = 10  # its queue is empty by now: one more may go
+    assert model().room(ep, last) == 1
+    scrape(ep, last + 0.1, running=10, waiting=0)  # the first scrape without a queue ends it
+    assert not model().queueing(ep) and model().room(ep, last + 0.1) == math.inf
 
 
 def test_a_queue_of_one_step_teaches_nothing() -> None:
@@ -50,8 +64,9 @@ def test_a_queue_that_lasts_on_a_plateau_teaches_the_capacity_never_below_the_pe
     assert ep.engine.capacity == 0  # 0.8 s is not sustained yet
     last = queue_for(ep, last + 0.1, 0.3, running=27)
     assert ep.engine.capacity == 30 and ep.engine.confirmed_at == last
-    ep.in_flight = ep.in_flight_at_scrape = 0
-    assert model().room(ep, last) == 30 - (27 + 2)
+    assert model().room(ep, last) == 0  # queueing still
+    scrape(ep, last + 0.1, running=27, waiting=0)
+    assert model().room(ep, last + 0.1) == 30 - 27
 
 
 def test_a_queue_while_running_climbs_is_not_a_plateau() -> None:

@@ -177,14 +177,14 @@ class FlowFleet:
         return engine.kv.blocks_for(min(len(request.prompt_ids), self.profile.chunk_limit()))
 
     def free_for(self, klass: str, request: GenRequest) -> Node | None:
-        """An engine that, in truth, has a seat this class may take and KV room for the request's first chunk
-        once the requests already queued there (first come, first served) took theirs."""
+        """An engine that, in truth, would start the request at its next step: a seat this class may take, KV
+        room for its first chunk, and no request waiting there already (first come, first served: a
+        request that arrives behind a queue waits in it too, whatever the queue waits for)."""
         seats = math.floor(self.profile.max_num_seqs * (1.0 - self.reserves[klass]) + 1e-9)
         for node in self.nodes:
             engine = node.engine
-            ahead = sum(self._first_chunk_blocks(engine, r) for r in (*engine.waiting, *engine.inbox))
-            free = engine.kv.free_blocks - ahead
-            if engine.requests_present() < seats and free >= self._first_chunk_blocks(engine, request):
+            if (not engine.waiting and not engine.inbox and len(engine.running) < seats
+                    and engine.kv.free_blocks >= self._first_chunk_blocks(engine, request)):
                 return node
         return None
 

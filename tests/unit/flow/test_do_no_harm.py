@@ -3,8 +3,10 @@
 Random engine profiles (step budget 512-8,192 tokens, 8-256 seats, KV from a few sequences' worth to plenty),
 prompts of 50-8,000 tokens, outputs of 1-300, Poisson arrivals at 0.2-0.8 of the fleet's capacity, with the
 pool's `max_num_seqs` configured or left to be learned. Flow control must refuse nothing, and never hold a
-request while some engine has, in truth, a seat its class may take (the class's reserve applies: that is the
-policy, not a belief) and KV room for its first prefill chunk.
+request while some engine would, in truth, start it at its next step: a seat its class may take (the class's
+reserve applies: that is the policy, not a belief), KV room for its first prefill chunk, and no queue of its
+own (a request arriving behind one waits in it, whatever it waits for). The gateway sees KV use and engine
+queues only by scraping: a hold counts once it outlasts one scrape interval plus one engine step.
 """
 
 from __future__ import annotations
