@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from extproc.bench.workloads import popularity_weights
 from extproc.sim.profile import Profile
 
-__all__ = ["CAPACITY_HIT_RATE", "NOFLOW", "PrefixShape", "add_shape_options", "fleet_capacity_rps", "parse_range", "split_strategy"]
+__all__ = ["CAPACITY_HIT_RATE", "NOFLOW", "PrefixShape", "add_shape_options", "fleet_capacity_rps", "parse_range",
+           "split_strategy"]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
 # it, flow control is as a new user gets it: on.

@@ -57,7 +57,8 @@ def test_shape_from_args_and_capacity_at_a_prefix_hit_rate() -> None:
     shape = PrefixShape.from_args(args)
     assert shape == PrefixShape(48, (3000, 3000), (300, 300), (100, 100), "zipf:1.1")
     profile = Profile()
-    assert fleet_capacity_rps(profile, 8, shape, hit_rate=1.0) == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
+    perfect = fleet_capacity_rps(profile, 8, shape, hit_rate=1.0)
+    assert perfect == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
     assert fleet_capacity_rps(profile, 8, shape) == pytest.approx(8 * profile.capacity_rps(3308, 100, 908))
     with pytest.raises(ValueError):
         PrefixShape.from_args(parser.parse_args(["--popularity", "zipf"]))
