@@ -142,8 +142,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="simulated vLLM replicas in total (default 8; overload: 4)")
     parser.add_argument("--loads", default=None,
                         help="comma list of offered load / fleet capacity, instead of --qps; shared-prefix: the "
-                             f"capacity with {CAPACITY_HIT_RATE * 100:.0f}%% of every system prompt cached; overload: see "
-                             f"there (default for overload {DEFAULT_LOADS})")
+                             f"capacity with {CAPACITY_HIT_RATE * 100:.0f}%% of every system prompt cached; overload: "
+                             f"see there (default for overload {DEFAULT_LOADS})")
     add_shape_options(parser)
     parser.add_argument("--capacity", type=float, default=None,
                         help="overload only: the fleet's capacity in req/s (default: from the simulator profile)")
