@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from extproc.bench.flowstats import flow_counts
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup, start_redis
@@ -43,9 +44,10 @@ from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy
 from extproc.bench.stats import percentiles
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
+from extproc.sim.tokens import Tokenizer, render_chat
 
-__all__ = ["DEFAULT_LOADS", "DEFAULT_STRATEGIES", "MIX", "Demand", "capacity_rps", "flow_stats", "flow_summary",
-           "jain", "max_min_shares", "run_overload"]
+__all__ = ["DEFAULT_LOADS", "DEFAULT_STRATEGIES", "MIX", "Demand", "capacity_rps", "flow_stats", "jain",
+           "max_min_shares", "prompt_tokens", "run_overload"]
 
 DEFAULT_STRATEGIES = "envoy-least-request,default+noflow,default"
 DEFAULT_LOADS = "0.7,2"
@@ -79,6 +81,14 @@ CLASSES = ("critical", "standard", "sheddable")
 def capacity_rps(profile: Profile, replicas: int, prompt_tokens: int, mean_output_tokens: float) -> float:
     """Requests/s the fleet completes with every replica saturated (see `Profile.capacity_rps`)."""
     return replicas * profile.capacity_rps(prompt_tokens, mean_output_tokens)
+
+
+def prompt_tokens(seed: int, samples: int = 200) -> int:
+    """Mean prompt tokens of the workload's requests, as the simulator's tokenizer and chat template count them."""
+    specs = _spec_factory(seed, envoy_only=False)
+    tokenizer = Tokenizer(BUILTIN_PROFILES["h100-8b"].vocab_size)
+    counts = [len(tokenizer.encode(render_chat(json.loads(specs(i).body)["messages"]))) for i in range(samples)]
+    return round(sum(counts) / len(counts))
 
 
 def max_min_shares(demands: Mapping[str, float], total: float) -> dict[str, float]:
@@ -228,14 +238,6 @@ async def flow_stats(client: HttpClient, stack: Stack, pool: str = "chat") -> li
     return found
 
 
-def flow_summary(flows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Requests flow control queued and refused (every class, warm-up included), and the longest wait."""
-    classes = [stats for flow in flows for stats in flow.get("classes", {}).values()]
-    return {"queued": sum(int(c.get("queued", 0)) for c in classes),
-            "rejected": sum(sum(c.get("rejected", {}).values()) for c in classes),
-            "max_wait_s": max((float(c.get("max_wait_s", 0.0)) for c in classes), default=0.0)}
-
-
 def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     """The longest queue wait per class over the replicas' /debug/flow."""
     waits: dict[str, float] = {}
@@ -256,6 +258,8 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
                                    rate=WARMUP_LOAD * capacity, duration_s=args.warmup, seed=args.seed + 7,
                                    client=client, timeout_s=args.client_timeout) if args.warmup > 0 else []
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
+        admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
+        flow_before = await flow_counts(client, admin_ports)
         started = time.perf_counter()
         try:
             samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
@@ -264,6 +268,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         finally:
             printer.close()
         wall = time.perf_counter() - started
+        flow_run = (await flow_counts(client, admin_ports)) - flow_before
         flows = await flow_stats(client, stack) if not envoy_only and split_strategy(strategy)[1] else []
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
@@ -272,7 +277,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "classes": classes, "fairness": fairness(samples, args.duration),
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
-        "max_queue_wait_s": longest_waits(flows), "flow": flows,
+        "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
     }
 
 
@@ -281,6 +286,7 @@ TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50
          ("classes.standard.ttft_p50_ms", "std50"), ("classes.standard.ttft_p99_ms", "std99"),
          ("classes.standard.rejected", "std_rej"), ("classes.sheddable.ttft_p99_ms", "shed99"),
          ("classes.sheddable.rejected", "shed_rej"), ("goodput_rps", "goodput"), ("fairness.jain", "jain"),
+         ("flow_run.queued", "fc_q"), ("flow_run.waited_over_1s", "fc_q>1s"), ("flow_run.rejected", "fc_rej"),
          ("client_timeouts", "timeouts")]
 
 
@@ -318,7 +324,7 @@ async def run_overload(args: argparse.Namespace) -> int:
         return 2
     profile = BUILTIN_PROFILES["h100-8b"]
     mean_output = MAX_TOKENS * (1 + profile.min_output_fraction) / 2
-    capacity = args.capacity or capacity_rps(profile, endpoints, PROMPT_CHARS // 4, mean_output)
+    capacity = args.capacity or capacity_rps(profile, endpoints, prompt_tokens(args.seed), mean_output)
     workdir = Path(args.workdir) if args.workdir else Path(f"/tmp/extproc-overload-{int(time.time())}")
     sim_args = ("--profile", "h100-8b", "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--seed",
                 str(args.seed))

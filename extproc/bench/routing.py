@@ -28,9 +28,10 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.flowstats import FlowCounts, flow_counts
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.overload import DEFAULT_LOADS, flow_stats, flow_summary, run_overload
+from extproc.bench.overload import DEFAULT_LOADS, run_overload
 from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds
@@ -310,6 +311,9 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
         endpoints = {pool: [f"127.0.0.1:{p}" for p in ports] for pool, ports in stack.sim_ports.items()}
         addresses = [a for pool in endpoints.values() for a in pool]
         metrics_before = await _scrape(client, addresses)
+        ours = peer is None and strategy not in ENVOY_STRATEGIES
+        admin_ports = [admin for _, admin in stack.service_ports] if ours else []
+        flow_before = await flow_counts(client, admin_ports)
         peer_before = await scrape_peer(client, peer) if peer is not None else {}
         cpu_before, self_before, t0 = group.cpu_seconds(), self_cpu_seconds(), time.perf_counter()
         printer = ProgressPrinter(prefix=f"{strategy} @ {qps:g} qps ")
@@ -322,8 +326,7 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
         wall = time.perf_counter() - t0
         cpu_after, self_after = group.cpu_seconds(), self_cpu_seconds()
         metrics_after = await _scrape(client, addresses)
-        ours = peer is None and strategy not in ENVOY_STRATEGIES
-        flow = flow_summary([f for pool in endpoints for f in await flow_stats(client, stack, pool)]) if ours else None
+        flow: FlowCounts | None = (await flow_counts(client, admin_ports)) - flow_before if ours else None
         peer_report: dict[str, Any] | None = None
         if peer is not None:
             peer_after = await scrape_peer(client, peer)
@@ -341,7 +344,7 @@ async def _run_point(plan: Plan, strategy: str, qps: float) -> dict[str, Any]:
     row["wall_s"] = round(wall, 2)
     row["warmup_requests"] = offset
     if flow is not None:
-        row["flow"] = flow
+        row["flow"] = flow.as_dict()
     if peer_report is not None:
         row["peer"] = peer_report
     return row
@@ -351,7 +354,7 @@ TABLE = [("strategy", "strategy"), ("qps", "qps"), ("ok", "ok"), ("errors", "err
          ("ttft_p50_ms", "ttft50"), ("ttft_p90_ms", "ttft90"), ("ttft_p99_ms", "ttft99"),
          ("tpot_p50_ms", "tpot50"), ("e2e_p50_ms", "e2e50"), ("e2e_p99_ms", "e2e99"),
          ("output_tokens_per_s", "out_tok/s"), ("hit_rate", "hit"), ("spread_cv", "cv"),
-         ("spread_max_min", "max/min"), ("flow.queued", "fc_q"), ("flow.max_wait_s", "fc_wait"),
+         ("spread_max_min", "max/min"), ("flow.queued", "fc_q"), ("flow.waited_over_1s", "fc_q>1s"),
          ("flow.rejected", "fc_rej"), ("max_cores", "max_core")]
 
 
