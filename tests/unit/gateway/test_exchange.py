@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from extproc.config import parse_policy
 from extproc.gateway import RequestHead, Snapshot
-from extproc.gateway.exchange import Exchange, route_metadata, who
+from extproc.gateway.exchange import Exchange, RequestIds, route_metadata, who
 from extproc.tenants import ANONYMOUS, Tenant
 
 POOLS = "pools: [{name: chat, model: m, endpoints: ['10.0.0.1:8000']}]\n"
@@ -17,16 +17,25 @@ def exchange(policy_text: str, tenant: Tenant = ANONYMOUS, request_id: str = "")
 
 def test_who_names_only_what_is_known() -> None:
     keys = POOLS + "auth: {mode: api-key, keys_file: /dev/null}\n"
-    assert who(exchange(keys)) == {"request_id": "envoy-id"}  # not authenticated (yet): no tenant
-    assert who(exchange(POOLS)) == {"request_id": "envoy-id", "tenant": "anonymous"}  # auth none: everyone is
+    # Our id is the request id; the client's x-request-id is only passed along as its own (untrusted) field.
+    client = {"client_request_id": "envoy-id"}
+    assert who(exchange(keys, request_id="r0")) == {"request_id": "r0", **client}  # not authenticated: no tenant
+    assert who(exchange(POOLS, request_id="r0")) == {"request_id": "r0", "tenant": "anonymous", **client}
     acme = Tenant("acme", "default", frozenset(), key="ci")
     known = exchange(keys, acme, request_id="r1")
     known.model = "chat"
-    assert who(known) == {"request_id": "r1", "tenant": "acme", "key": "ci", "model": "chat"}
+    assert who(known) == {"request_id": "r1", "tenant": "acme", "key": "ci", "model": "chat", **client}
+
+
+def test_request_ids_are_ours_and_unique_per_process() -> None:
+    one, other = RequestIds(), RequestIds()
+    ids = {one() for _ in range(1000)}
+    assert len(ids) == 1000 and all(one.mine(i) and not other.mine(i) for i in ids)
+    assert one.replica_id != other.replica_id
 
 
 def test_route_metadata_adds_pool_and_the_raw_prompt_estimate() -> None:
     routed = exchange(POOLS, request_id="r2")
     routed.pool, routed.prompt_estimate = "chat", 42
-    assert route_metadata(routed) == {"request_id": "r2", "tenant": "anonymous", "pool": "chat",
-                                      "prompt_estimate": 42}
+    assert route_metadata(routed) == {"request_id": "r2", "client_request_id": "envoy-id", "tenant": "anonymous",
+                                      "pool": "chat", "prompt_estimate": 42}
