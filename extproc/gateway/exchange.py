@@ -86,10 +86,8 @@ def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> R
 
 def who(exchange: Exchange) -> dict[str, Any]:
     """Who asked for what, as far as known: Envoy's dynamic metadata for the access and audit logs."""
+    # Ours, never the client's x-request-id (Envoy's access log has that one as the request's own header).
     meta: dict[str, Any] = {"request_id": exchange.request_id}
-    client_id = exchange.head.request_id
-    if client_id:  # the client's own x-request-id: a correlation hint, never an accounting key
-        meta["client_request_id"] = client_id[:128]
     tenant = exchange.tenant
     if tenant is not ANONYMOUS or exchange.snapshot.policy.auth.mode == "none":
         meta["tenant"] = tenant.name

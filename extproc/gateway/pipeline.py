@@ -23,7 +23,6 @@ from extproc.gateway.admission import (
     rate_limited,
     ratelimit_headers,
     refused_dimension,
-    tenant_wide,
 )
 from extproc.gateway.auth import Authenticator
 from extproc.gateway.calibration import PromptCalibration
@@ -174,7 +173,6 @@ class Gateway:
         path = head.path.partition("?")[0]
         exchange = Exchange(head, snapshot, api_for_path(path), self._clock())
         exchange.request_id = self.request_ids()
-        exchange.cpu_started = self._cpu_clock()
         models = exchange.api is None and path.rstrip("/") == "/v1/models" and head.method == "GET"
         if exchange.api is None and not models:
             return exchange, self._reject(exchange, oai.not_found(path))
@@ -246,22 +244,19 @@ class Gateway:
             return self._reject(exchange, error)
         finally:
             self._metrics.decision_seconds.observe(self._clock() - started)
-            self.tenants.charge(exchange.tenant, self._cpu_clock() - exchange.cpu_started, policy.bounds,
-                                self._clock())
+            if exchange.tenant is not ANONYMOUS:  # the anonymous tenant (auth none) has no parse budget
+                self.tenants.charge(exchange.tenant, self._cpu_clock() - exchange.cpu_started, policy.bounds,
+                                    self._clock())
 
     def admitted(self, exchange: Exchange, result: AdmitResult) -> Decision | Queued:
         """Continue after the store answered an Admission."""
         exchange.limit_states = result.states
         if not result.admitted or exchange.admission is None:
             self._metrics.rate_limited.labels(refused_dimension(result.refused_by)).inc()
-            refused = (result.refused_by or "").partition(":")
-            if refused[0] == "requests" and tenant_wide(refused[2]):  # refuse its next ones before parsing
-                self.tenants.rate_refused(exchange.tenant, result.retry_after_s, self._clock())
+            self.tenants.store_refused(exchange.tenant, result.refused_by, result.retry_after_s, self._clock())
             return self._reject(exchange, rate_limited(result.refused_by, result.retry_after_s, result.states))
         exchange.reservation = Reservation.of(exchange.admission)
-        if any(tenant_wide(limit.key) for limit in exchange.admission.concurrency):
-            self.tenants.hold(exchange.tenant)
-            exchange.holds_slot = True
+        exchange.holds_slot = self.tenants.admitted(exchange.tenant, exchange.admission.concurrency)
         try:
             return self._gate(exchange, exchange.body)
         except ApiError as error:
@@ -441,6 +436,7 @@ class Gateway:
         """The decision this request would get now, with every endpoint's scores; nothing is sent or kept.
         `tenant`: decide as that tenant (no key is checked: explain must not tell valid keys from others)."""
         exchange, early = self.request_headers(head, tenant)
+        exchange.cpu_started = self._cpu_clock()
         explanation = Explanation()
         try:
             decision: Decision = early if early is not None else self._route(exchange, body, explanation)

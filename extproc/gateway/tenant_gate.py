@@ -14,9 +14,11 @@ looked at. Three facts let the headers phase (and the body phase, before parsing
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from extproc.config.schema import BoundsConfig, TierLimits
-from extproc.gateway.admission import rate_limited
+from extproc.gateway.admission import rate_limited, tenant_wide
+from extproc.limits.types import ConcurrencyLimit
 from extproc.openai.errors import ApiError
 from extproc.tenants import ANONYMOUS, Tenant
 
@@ -79,15 +81,22 @@ class TenantGate:
         for name in [n for n, until in self._rate_until.items() if until <= now]:
             del self._rate_until[name]
 
-    def rate_refused(self, tenant: Tenant, retry_after_s: float, now: float) -> None:
-        """The store refused the tenant's tenant-wide request rate for `retry_after_s`."""
-        if math.isfinite(retry_after_s) and retry_after_s > 0:
+    def store_refused(self, tenant: Tenant, refused_by: str | None, retry_after_s: float, now: float) -> None:
+        """The store refused an admission of `tenant`: remember a refusal of its tenant-wide request rate
+        (refused_by "requests:<key>") until `retry_after_s` from `now`."""
+        dimension, _, key = (refused_by or "").partition(":")
+        if dimension == "requests" and tenant_wide(key) and math.isfinite(retry_after_s) and retry_after_s > 0:
             if len(self._rate_until) >= _MAX_TRACKED:
                 self._rate_until = {n: t for n, t in self._rate_until.items() if t > now}
             self._rate_until[tenant.name] = now + retry_after_s
 
-    def hold(self, tenant: Tenant) -> None:
+    def admitted(self, tenant: Tenant, concurrency: Sequence[ConcurrencyLimit]) -> bool:
+        """An admission of `tenant` took `concurrency` leases; True if one is tenant-wide (then counted here
+        until `drop`)."""
+        if not any(tenant_wide(limit.key) for limit in concurrency):
+            return False
         self._holding[tenant.name] = self._holding.get(tenant.name, 0) + 1
+        return True
 
     def drop(self, tenant: Tenant) -> None:
         left = self._holding.get(tenant.name, 0) - 1

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -60,6 +59,9 @@ def _no_constants(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# Immutable, built once: json.loads(..., parse_constant=...) would build a decoder on every call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
 # A \uD800-\uDFFF escape: JSON allows it, but alone (not half of a pair) it is no Unicode character, and no
 # tokenizer (nor UTF-8) can encode it. Raw UTF-8 bytes cannot carry one (decoding refuses them).
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
@@ -80,7 +82,7 @@ def decode_json(body: bytes, *, max_bytes: int) -> dict[str, Any]:
     if not body:
         raise bad_request("Request body is empty; expected a JSON object", "invalid_json")
     try:
-        document = json.loads(body, parse_constant=_no_constants)
+        document = _DECODER.decode(body.decode("utf-8"))
     except RecursionError:
         raise bad_request("JSON nesting too deep", "invalid_json") from None
     except UnicodeDecodeError:
@@ -89,7 +91,8 @@ def decode_json(body: bytes, *, max_bytes: int) -> dict[str, Any]:
         raise bad_request(f"Request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(document, dict):
         raise bad_request("Request body must be a JSON object", "invalid_json")
-    # Checked only when the body escapes a surrogate (clients escaping emoji as pairs cost one encode).
+    # Checked only when the body escapes a surrogate (~0.25 us per KiB: the scan jumps from backslash to
+    # backslash); a body that does (emoji escaped as pairs) costs one encode more.
     if _SURROGATE_ESCAPE.search(body) is not None and _lone_surrogate(document):
         raise bad_request("Request body holds a lone UTF-16 surrogate escape (\\uD800-\\uDFFF without its pair), "
                           "which is not Unicode text", "invalid_json")
@@ -103,8 +106,7 @@ def requested_model(document: dict[str, Any]) -> str:
     return model
 
 
-_CONTAINERS = (dict, list)
-_CONTAINER_SET = frozenset(_CONTAINERS)
+_CONTAINER_SET = frozenset({dict, list})
 
 
 def _check_structure(document: dict[str, Any], limits: BodyLimits) -> None:
@@ -117,17 +119,17 @@ def _check_structure(document: dict[str, Any], limits: BodyLimits) -> None:
     while stack:
         item, depth = stack.pop()
         seen += 1
-        if seen > limits.max_containers:
-            raise too_complex(limits.max_containers)
         if depth > limits.max_depth:
             raise bad_request(f"JSON nesting deeper than {limits.max_depth}", "invalid_json")
         values = item.values() if type(item) is dict else item
-        kinds = set(map(type, values))  # in C: a scalar-only container costs no Python per element
-        if dict in kinds or list in kinds:
-            nested = len(values) if kinds <= _CONTAINER_SET else sum(Counter(map(type, values))[t] for t in _CONTAINERS)
-            if seen + len(stack) + nested > limits.max_containers:
+        if len(values) > 32 and not _CONTAINER_SET.intersection(map(type, values)):
+            continue  # scalars only (e.g. token ids): one pass in C, no Python per element
+        nested = [child for child in values if type(child) is dict or type(child) is list]
+        if nested:
+            if seen + len(stack) + len(nested) > limits.max_containers:
                 raise too_complex(limits.max_containers)
-            stack.extend((child, depth + 1) for child in values if type(child) in _CONTAINERS)
+            depth += 1
+            stack.extend([(child, depth) for child in nested])
 
 
 def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> InferenceRequest:

@@ -17,14 +17,13 @@ def exchange(policy_text: str, tenant: Tenant = ANONYMOUS, request_id: str = "")
 
 def test_who_names_only_what_is_known() -> None:
     keys = POOLS + "auth: {mode: api-key, keys_file: /dev/null}\n"
-    # Our id is the request id; the client's x-request-id is only passed along as its own (untrusted) field.
-    client = {"client_request_id": "envoy-id"}
-    assert who(exchange(keys, request_id="r0")) == {"request_id": "r0", **client}  # not authenticated: no tenant
-    assert who(exchange(POOLS, request_id="r0")) == {"request_id": "r0", "tenant": "anonymous", **client}
+    # Our id, never the client's x-request-id (the audit log takes that one from the request header).
+    assert who(exchange(keys, request_id="r0")) == {"request_id": "r0"}  # not authenticated (yet): no tenant
+    assert who(exchange(POOLS, request_id="r0")) == {"request_id": "r0", "tenant": "anonymous"}
     acme = Tenant("acme", "default", frozenset(), key="ci")
     known = exchange(keys, acme, request_id="r1")
     known.model = "chat"
-    assert who(known) == {"request_id": "r1", "tenant": "acme", "key": "ci", "model": "chat", **client}
+    assert who(known) == {"request_id": "r1", "tenant": "acme", "key": "ci", "model": "chat"}
 
 
 def test_request_ids_are_ours_and_unique_per_process() -> None:
@@ -37,5 +36,5 @@ def test_request_ids_are_ours_and_unique_per_process() -> None:
 def test_route_metadata_adds_pool_and_the_raw_prompt_estimate() -> None:
     routed = exchange(POOLS, request_id="r2")
     routed.pool, routed.prompt_estimate = "chat", 42
-    assert route_metadata(routed) == {"request_id": "r2", "client_request_id": "envoy-id", "tenant": "anonymous",
-                                      "pool": "chat", "prompt_estimate": 42}
+    assert route_metadata(routed) == {"request_id": "r2", "tenant": "anonymous", "pool": "chat",
+                                      "prompt_estimate": 42}
