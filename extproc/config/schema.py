@@ -107,10 +107,10 @@ class EnvoyConfig(_Strict):
     route_timeout_s: float = Field(default=600.0, ge=0)
     stream_idle_timeout_s: float = Field(default=300.0, ge=1)
     # Slow clients: all request headers within this, the whole request (body upload, and the wait in the
-    # admission queue before it is sent on) within request_timeout_s (0 = no limit; otherwise it must
-    # exceed the longest flow-control wait).
+    # admission queue before it is sent on) within request_timeout_s (0 = no limit; unset = the longest
+    # flow-control wait + message timeout + 30 s, at least 60 s; set, it must exceed that wait + timeout).
     request_headers_timeout_s: float = Field(default=10.0, gt=0, le=3600)
-    request_timeout_s: float = Field(default=60.0, ge=0, le=86_400)
+    request_timeout_s: float | None = Field(default=None, ge=0, le=86_400)
     # Adds `x-gateway-upstream-host` to responses (the vLLM endpoint that served). Useful for demos
     # and debugging; it reveals internal addresses, so it is off by default.
     expose_upstream_host: bool = False
@@ -328,6 +328,16 @@ class PoolConfig(_Strict):
 class Policy(_Strict):
     """The whole policy file."""
 
+    def _longest_decision_s(self) -> float:
+        """The longest a request may wait for its ext_proc decision (queued + the reply's timeout)."""
+        longest = self.flow_control.longest_wait_s() if self.flow_control.enabled else 0.0
+        return longest + self.envoy.message_timeout_ms / 1000
+
+    def request_timeout_s(self) -> float:
+        """envoy.request_timeout_s, or its default: 60 s, more if a decision may take longer (+30 s)."""
+        timeout = self.envoy.request_timeout_s
+        return timeout if timeout is not None else max(60.0, self._longest_decision_s() + 30.0)
+
     service: ServiceConfig = ServiceConfig()
     bounds: BoundsConfig = BoundsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
@@ -368,11 +378,10 @@ class Policy(_Strict):
         for pool in self.pools:
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
-        longest = self.flow_control.longest_wait_s() if self.flow_control.enabled else 0.0
         timeout = self.envoy.request_timeout_s
-        if timeout and timeout <= longest + self.envoy.message_timeout_ms / 1000:
-            raise ValueError(f"envoy.request_timeout_s ({timeout:g}) must exceed the longest flow_control wait "
-                             f"({longest:g} s) plus envoy.message_timeout_ms, or be 0")
+        if timeout and timeout <= self._longest_decision_s():
+            raise ValueError(f"envoy.request_timeout_s ({timeout:g}) must exceed the longest flow_control wait plus "
+                             f"envoy.message_timeout_ms ({self._longest_decision_s():g} s), or be 0")
         if "default" not in self.tiers:
             raise ValueError("tiers must define 'default' (the tier of tenants that name none)")
         unknown_tiers = sorted(set(self.guard.tiers) - set(self.tiers))

@@ -178,7 +178,7 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "stream_idle_timeout": _seconds(envoy.stream_idle_timeout_s),
         # Slow loris: headers, then the whole request (upload + admission queue), each within a bound.
         "request_headers_timeout": _seconds(envoy.request_headers_timeout_s),
-        "request_timeout": _seconds(envoy.request_timeout_s),
+        "request_timeout": _seconds(policy.request_timeout_s()),
         "local_reply_config": local_reply_config(),
         "access_log": access_log(policy),
         # The route is chosen (and cached) before HTTP filters run: without this, a client's

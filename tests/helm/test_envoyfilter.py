@@ -206,13 +206,20 @@ def test_without_the_route_guard_ext_proc_fails_as_the_policy_says(chart: Chart)
         assert inserted == [] and "headers" not in llm["match"]
 
 
-def test_slow_client_timeouts_are_the_rendered_ones(chart: Chart) -> None:
-    policy = {"envoy": {"request_headers_timeout_s": 2.5, "request_timeout_s": 90}}
+@pytest.mark.parametrize(("policy", "timeouts"), [
+    ({"envoy": {"request_headers_timeout_s": 2.5, "request_timeout_s": 90}}, ("2.5s", "90s")),
+    ({}, ("10s", "61s")),  # unset: the longest class wait (30 s) + the message timeout (1 s) + 30 s
+    ({"flow_control": {"classes": {"slow": {"priority": 1, "max_wait_s": 120}}, "default_class": "slow"},
+      "envoy": {"message_timeout_ms": 500}}, ("10s", "150.5s")),
+    ({"flow_control": {"enabled": False}}, ("10s", "60s")),  # at least 60 s
+])
+def test_slow_client_timeouts_are_the_rendered_ones(chart: Chart, policy: dict[str, Any],
+                                                    timeouts: tuple[str, str]) -> None:
     objects = chart.template({"policy": policy})
     hcm = istio_hcm(objects, {})
     expected = rendered_hcm(parse_policy(policy_text(objects)))
     assert (hcm["request_headers_timeout"], hcm["request_timeout"]) == (
-        expected["request_headers_timeout"], expected["request_timeout"]) == ("2.5s", "90s")
+        expected["request_headers_timeout"], expected["request_timeout"]) == timeouts
 
 
 def test_grpc_token_goes_to_ext_proc_and_the_access_log(chart: Chart) -> None:

@@ -103,5 +103,9 @@ def test_security_settings_are_validated(text: str, message: str) -> None:
 
 def test_request_timeout_may_be_off_or_above_every_wait() -> None:
     pools = "pools: [{name: p, model: m, endpoints: ['10.0.0.1:8000']}]\n"
-    assert parse_policy(pools + "envoy: {request_timeout_s: 0}\n").envoy.request_timeout_s == 0
+    assert parse_policy(pools).request_timeout_s() == 30 + 1 + 30  # the longest class wait + message timeout + 30 s
+    assert parse_policy(pools + "envoy: {request_timeout_s: 0}\n").request_timeout_s() == 0
     assert parse_policy(pools + "flow_control: {enabled: false}\nenvoy: {request_timeout_s: 2}\n")
+    # Unset, it grows with the longest admission-queue wait: long waits configured before stay valid.
+    patient = "flow_control: {classes: {standard: {priority: 1, max_wait_s: 120}}, default_class: standard}\n"
+    assert parse_policy(pools + patient).request_timeout_s() == 120 + 1 + 30

@@ -67,7 +67,8 @@ def test_filter_chain_order_and_processing_mode() -> None:
     assert route["response_headers_to_add"][0]["header"]["key"] == "x-gateway-upstream-host"
     assert unrouted["match"] == {"prefix": "/"} and unrouted["direct_response"]["status"] == 500
     assert json.loads(unrouted["direct_response"]["body"]["inline_string"])["error"]["code"] == "gateway_error"
-    assert (hcm["request_headers_timeout"], hcm["request_timeout"]) == ("10s", "60s")
+    # The whole request: the longest admission wait (30 s) + the message timeout (0.25 s) + 30 s.
+    assert (hcm["request_headers_timeout"], hcm["request_timeout"]) == ("10s", "60.25s")
     assert "initial_metadata" not in ext_proc["grpc_service"]
 
 
