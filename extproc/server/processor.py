@@ -21,6 +21,9 @@ from extproc.telemetry import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
+# A failure in these phases means the routing decision never reached Envoy (no model saw the request); later
+# ones (response headers) come after the exchange was served, which the access log settles.
+_DECISION_PHASES = frozenset({"request_headers", "request_body"})
 _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "server_error").body(),
                           (("content-type", "application/json"),), "internal_error")
 
@@ -113,8 +116,8 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                         response = stream.respond(self._gateway.dequeued(exchange, outcome))
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
-                    if stream.exchange is not None:
-                        self._gateway.failed(stream.exchange)  # charged nothing, released below
+                    if stream.exchange is not None and message.WhichOneof("request") in _DECISION_PHASES:
+                        self._gateway.failed(stream.exchange)  # its decision never reached Envoy: no charge
                     response = protocol.immediate_response(_INTERNAL_ERROR)
                 if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)

@@ -192,3 +192,18 @@ async def test_an_internal_error_answers_500_and_gives_everything_back(monkeypat
                                            budgets=(TokenBudget("{anonymous}:all:tpm", 100000, 60),)))
     assert probe.admitted
     assert next(s for s in probe.states if s.name == "tokens").remaining == 100000
+
+
+async def test_an_error_after_the_exchange_was_served_leaves_its_charge_to_the_access_log(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    service, _, store = make()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the response phase")
+
+    monkeypatch.setattr(protocol, "response_headers_response", broken)
+    await run(service, [headers_message(HEAD), body_message(CHAT), status_message(200)])
+    probe = await store.admit(AdmitRequest("probe", time.time(), 0,
+                                           budgets=(TokenBudget("{anonymous}:all:tpm", 100000, 60),)))
+    # Still reserved (the model did answer): the access log's usage settles it, not a charge of 0 now.
+    assert next(s for s in probe.states if s.name == "tokens").remaining < 100000
