@@ -61,9 +61,14 @@ def local_reply_config() -> dict[str, Any]:
 
 
 def unrouted_response() -> dict[str, Any]:
-    """Fail closed: the route of requests our service did not route (it was unreachable, slow or died
-    before its reply). ext_proc itself fails open (so that an exchange already routed survives the
-    service), hence this route is what keeps every other request from reaching a model."""
-    return {"status": 500, "body": {"inline_string": (
-        '{"error":{"message":"The gateway could not process the request","type":"server_error",'
-        '"param":null,"code":"gateway_error"}}')}}
+    """Fail closed: the action of the route for requests our service did not route (it was unreachable,
+    slow or died before its reply). ext_proc itself fails open (so that an exchange already routed survives
+    the service), hence this route is what keeps every other request from reaching a model. The body is
+    OpenAI-shaped on its own (an Istio listener has no local_reply_config of ours)."""
+    return {
+        "direct_response": {"status": 500, "body": {"inline_string": (
+            '{"error":{"message":"The gateway could not process the request","type":"server_error",'
+            '"param":null,"code":"gateway_error"}}')}},
+        "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"},
+                                     "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}],
+    }

@@ -161,7 +161,7 @@ def route_config(policy: Policy) -> dict[str, Any]:
         fallback["route"]["cluster"] = envoy.fallback_pool
         routes.append({"match": {"prefix": "/"}, **fallback})
     else:  # fail closed
-        routes.append({"match": {"prefix": "/"}, "direct_response": unrouted_response()})
+        routes.append({"match": {"prefix": "/"}, **unrouted_response()})
     return {
         "@type": _T + "config.route.v3.RouteConfiguration",
         "name": ROUTE_CONFIG,

@@ -191,6 +191,7 @@ def test_route_patches_make_the_virtualservice_route_the_rendered_routes(chart: 
     if not policy.envoy.failure_mode_allow:
         assert unrouted["name"] == "llm-unrouted"
         assert unrouted["direct_response"] == expected[1]["direct_response"]
+        assert unrouted["response_headers_to_add"] == expected[1]["response_headers_to_add"]
         return
     assert unrouted["name"] == "llm-fallback"
     assert unrouted["route"] == expected[1]["route"]
