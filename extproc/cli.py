@@ -8,6 +8,7 @@ import functools
 import importlib
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
@@ -93,12 +94,16 @@ def _cmd_rollout(args: argparse.Namespace) -> int:
     import urllib.request
 
     base = args.admin.rstrip("/")
+    token = os.environ.get("EXTPROC_ADMIN_TOKEN") or (
+        Path(args.token_file).read_text(encoding="utf-8").strip() if args.token_file else "")
+    headers = {"authorization": f"Bearer {token}"} if token else {}
     if args.rollout_command == "status":
-        request = urllib.request.Request(f"{base}/debug/rollouts")
+        request = urllib.request.Request(f"{base}/debug/rollouts", headers=headers)
     else:
         to_end = getattr(args, "to_end", False)
         query = urllib.parse.urlencode({"model": args.model, **({"to_end": "1"} if to_end else {})})
-        request = urllib.request.Request(f"{base}/rollouts/{args.rollout_command}?{query}", method="POST")
+        request = urllib.request.Request(f"{base}/rollouts/{args.rollout_command}?{query}", data=b"{}",
+                                         method="POST", headers={**headers, "content-type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
             print(json.dumps(json.loads(response.read()), indent=2))
@@ -209,6 +214,8 @@ def build_parser() -> argparse.ArgumentParser:
         if action == "promote":
             sub.add_argument("--to-end", action="store_true", help="go straight to 100%%")
         sub.add_argument("--admin", default="http://127.0.0.1:9003", help="admin URL of a service replica")
+        sub.add_argument("--token-file", help="file holding the admin token (env EXTPROC_ADMIN_TOKEN wins); "
+                                             "without one only a loopback admin URL answers")
         sub.set_defaults(handler=_cmd_rollout)
 
     sim = add("sim", _cmd_sim, "Run a simulated vLLM fleet (OpenAI API, vLLM metrics, KV cache, faults).")

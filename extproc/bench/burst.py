@@ -7,7 +7,8 @@ overshoots by whatever the reservations under-estimate: output beyond what was r
 
     raw+cap        tier output cap, raw prompt estimate (limits.calibrate_prompt_tokens: false)
     calibrated+cap tier output cap, prompt estimate calibrated on earlier traffic (the defaults + a cap)
-    calibrated     no cap, the burst's requests set no max_tokens
+    calibrated     no cap, the burst's requests set no max_tokens (the service writes the tenant's
+                   limits.default_output_tokens into them: a budgeted request may not outrun its reservation)
 
 Each variant: a fresh simulated fleet, service (or `--service-replicas` sharing a redis-server) and Envoy;
 another tenant's `--warmup` requests first (the calibration's samples), then `--requests` concurrent requests

@@ -43,12 +43,28 @@ def parse_endpoint(text: str) -> tuple[str, int]:
 
 
 class ServiceConfig(_Strict):
-    """Where our own servers listen."""
+    """Where our own servers listen, and the secrets that protect them (README "Security model")."""
 
     grpc_host: str = "127.0.0.1"
     grpc_port: Port = 9002
     admin_host: str = "127.0.0.1"
     admin_port: Port = 9003
+    # A file holding a shared secret: ext_proc and access-log streams must carry it as gRPC metadata
+    # `x-extproc-token` (the rendered Envoy config sends it); unset = the gRPC port must be reachable by
+    # Envoy alone (loopback, a NetworkPolicy, mTLS). Read at start.
+    grpc_token_file: str | None = None
+    # A file holding the admin token: /debug/* and /rollouts/* need `Authorization: Bearer <token>`;
+    # unset = they answer only on loopback connections. /metrics, /healthz and /readyz stay open.
+    admin_token_file: str | None = None
+    # /debug/explain calls per second (burst twice that), over every caller.
+    explain_per_s: float = Field(default=5.0, gt=0, le=1000)
+
+    @field_validator("grpc_token_file", "admin_token_file")
+    @classmethod
+    def _absolute(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path (Envoy's renderer reads it too)")
+        return value
 
 
 class BoundsConfig(_Strict):
@@ -56,6 +72,16 @@ class BoundsConfig(_Strict):
 
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
     max_json_depth: int = Field(default=32, ge=2, le=256)
+    # Element counts, checked before any per-element work (decoding itself is bounded by max_body_bytes).
+    max_json_containers: int = Field(default=20_000, ge=16, le=10_000_000)
+    max_messages: int = Field(default=2048, ge=1, le=1_000_000)
+    max_choices: int = Field(default=128, ge=1, le=100_000, description="n / best_of")
+    # Per tenant and process: decision CPU time it may spend per second (a bucket holding
+    # tenant_parse_burst_ms); over it its requests get 429 before their bodies are parsed. 0 = no budget.
+    tenant_parse_ms_per_s: float = Field(default=500.0, ge=0, le=1000)
+    tenant_parse_burst_ms: float = Field(default=2000.0, ge=1, le=600_000)
+    # CPU time one decision may take (checked between its stages); over it the request gets 413. 0 = none.
+    decision_cpu_ms: float = Field(default=250.0, ge=0, le=60_000)
 
 
 class EnvoyConfig(_Strict):
@@ -70,15 +96,21 @@ class EnvoyConfig(_Strict):
     endpoint_header: str = "x-gateway-destination-endpoint"
     # ext_proc: how long Envoy waits for each of our replies before applying failure_mode_allow.
     message_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
-    # false = fail closed: if the service is unreachable, Envoy answers 500 instead of bypassing it.
-    # true = fail open: requests the service did not route go to `fallback_pool` (client routing headers
-    # are still stripped, so nobody can pick a pool or endpoint by header).
+    # Requests the service did not route (it was unreachable, too slow, or died before its reply):
+    # false = fail closed, Envoy answers 500; true = fail open, they go to `fallback_pool` (client routing
+    # headers are still stripped, so nobody can pick a pool or endpoint by header). Either way a request
+    # the service did route runs to its end even if the service dies meanwhile (extproc/xds/render.py).
     failure_mode_allow: bool = False
     fallback_pool: str | None = None
     # Retries on connect failure / refused stream / reset before any response, each to another endpoint.
     retries: int = Field(default=2, ge=0, le=10)
     route_timeout_s: float = Field(default=600.0, ge=0)
     stream_idle_timeout_s: float = Field(default=300.0, ge=1)
+    # Slow clients: all request headers within this, the whole request (body upload, and the wait in the
+    # admission queue before it is sent on) within request_timeout_s (0 = no limit; unset = the longest
+    # flow-control wait + message timeout + 30 s, at least 60 s; set, it must exceed that wait + timeout).
+    request_headers_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    request_timeout_s: float | None = Field(default=None, ge=0, le=86_400)
     # Adds `x-gateway-upstream-host` to responses (the vLLM endpoint that served). Useful for demos
     # and debugging; it reveals internal addresses, so it is off by default.
     expose_upstream_host: bool = False
@@ -315,6 +347,16 @@ class PoolConfig(_Strict):
 class Policy(_Strict):
     """The whole policy file."""
 
+    def _longest_decision_s(self) -> float:
+        """The longest a request may wait for its ext_proc decision (queued + the reply's timeout)."""
+        longest = self.flow_control.longest_wait_s() if self.flow_control.enabled else 0.0
+        return longest + self.envoy.message_timeout_ms / 1000
+
+    def request_timeout_s(self) -> float:
+        """envoy.request_timeout_s, or its default: 60 s, more if a decision may take longer (+30 s)."""
+        timeout = self.envoy.request_timeout_s
+        return timeout if timeout is not None else max(60.0, self._longest_decision_s() + 30.0)
+
     service: ServiceConfig = ServiceConfig()
     bounds: BoundsConfig = BoundsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
@@ -351,12 +393,19 @@ class Policy(_Strict):
         problems = check_splits(self.rollout, {p.name: p for p in self.pools}, self.tiers)
         if problems:
             raise ValueError("; ".join(problems))
+        if self.rollout.fallback_route_file is not None and not self.envoy.failure_mode_allow:
+            raise ValueError("rollout.fallback_route_file routes requests the service did not route: it needs "
+                             "envoy.failure_mode_allow: true (fail closed answers them 500)")
         if self.envoy.failure_mode_allow and self.envoy.fallback_pool not in names:
             raise ValueError("envoy.failure_mode_allow needs envoy.fallback_pool naming a pool (where requests go "
                              "when the service is bypassed)")
         for pool in self.pools:
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
+        timeout = self.envoy.request_timeout_s
+        if timeout and timeout <= self._longest_decision_s():
+            raise ValueError(f"envoy.request_timeout_s ({timeout:g}) must exceed the longest flow_control wait plus "
+                             f"envoy.message_timeout_ms ({self._longest_decision_s():g} s), or be 0")
         if "default" not in self.tiers:
             raise ValueError("tiers must define 'default' (the tier of tenants that name none)")
         unknown_tiers = sorted(set(self.guard.tiers) - set(self.tiers))

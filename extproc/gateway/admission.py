@@ -39,6 +39,15 @@ def _scope(prefix: str, limits: TierLimits, lease_ttl_s: float) -> tuple[
     return rates, concurrency, budgets
 
 
+def tenant_wide(key: str) -> bool:
+    """A key of the tenant's total limits (not of one model): "{tenant}:all:..." (the tag's "}" is its first)."""
+    return key.partition("}")[2].startswith(":all:")
+
+
+def has_budgets(limits: TierLimits) -> bool:
+    return limits.tokens_per_min is not None or limits.tokens_per_day is not None
+
+
 def has_limits(limits: TierLimits) -> bool:
     return any(value is not None for value in (limits.requests_per_s, limits.concurrency, limits.tokens_per_min,
                                                  limits.tokens_per_day))

@@ -3,6 +3,8 @@ who asked for what, for the access log (usage settlement, prompt calibration) an
 
 from __future__ import annotations
 
+import itertools
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,9 +17,25 @@ from extproc.limits.types import AdmitRequest, LimitState, Reservation
 from extproc.openai import Api, ApiError, InferenceRequest
 from extproc.tenants import ANONYMOUS, Tenant
 
-__all__ = ["JSON_HEADERS", "Exchange", "Queued", "error_response", "route_metadata", "who"]
+__all__ = ["JSON_HEADERS", "Exchange", "Queued", "RequestIds", "error_response", "route_metadata", "who"]
 
 JSON_HEADERS = (("content-type", "application/json"),)
+
+
+class RequestIds:
+    """Our request ids: this process's random replica id and a counter (unique across replicas and restarts,
+    and cheaper than a uuid4 per request). No client chooses them; `mine` tells this process's own."""
+
+    def __init__(self, replica_id: str | None = None) -> None:
+        self.replica_id = replica_id or secrets.token_hex(6)
+        self._prefix = self.replica_id + "-"
+        self._counter = itertools.count(1)
+
+    def __call__(self) -> str:
+        return f"{self._prefix}{next(self._counter):x}"
+
+    def mine(self, request_id: str) -> bool:
+        return request_id.startswith(self._prefix)
 
 
 @dataclass(slots=True, eq=False)
@@ -37,7 +55,7 @@ class Exchange:
     leases: list[Lease] = field(default_factory=list)
     finished: bool = False
     tenant: Tenant = ANONYMOUS
-    request_id: str = ""
+    request_id: str = ""  # ours (never the client's x-request-id): names leases, reservations, audit lines
     admission: AdmitRequest | None = None
     reservation: Reservation | None = None
     limit_states: tuple[LimitState, ...] = ()
@@ -48,6 +66,9 @@ class Exchange:
     body_changed: bool = False  # the content guard masked text, or the tier's output cap applied
     prompt_estimate: int = 0  # raw character estimate of the prompt's tokens (calibration learns from it)
     ticket: Ticket | None = None  # its place in the admission queue, while it has one
+    budgeted: bool = False  # the tenant has token budgets: the engine's output must be bounded by the reservation
+    holds_slot: bool = False  # holds one of the tenant's tenant-wide concurrency leases (TenantGate counts it)
+    cpu_started: float = 0.0  # CPU clock when the current decision began (the decision's CPU budget)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +86,8 @@ def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> R
 
 def who(exchange: Exchange) -> dict[str, Any]:
     """Who asked for what, as far as known: Envoy's dynamic metadata for the access and audit logs."""
-    meta: dict[str, Any] = {"request_id": exchange.request_id or exchange.head.request_id}
+    # Ours, never the client's x-request-id (Envoy's access log has that one as the request's own header).
+    meta: dict[str, Any] = {"request_id": exchange.request_id}
     tenant = exchange.tenant
     if tenant is not ANONYMOUS or exchange.snapshot.policy.auth.mode == "none":
         meta["tenant"] = tenant.name

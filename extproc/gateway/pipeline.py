@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +19,7 @@ from extproc.flow import GO, FlowController, Rejected, Room, Ticket
 from extproc.gateway.admission import (
     Admission,
     admit_request,
+    has_budgets,
     has_limits,
     rate_limited,
     ratelimit_headers,
@@ -27,9 +27,18 @@ from extproc.gateway.admission import (
 )
 from extproc.gateway.auth import Authenticator
 from extproc.gateway.calibration import PromptCalibration
-from extproc.gateway.exchange import JSON_HEADERS, Exchange, Queued, error_response, route_metadata, who
+from extproc.gateway.exchange import (
+    JSON_HEADERS,
+    Exchange,
+    Queued,
+    RequestIds,
+    error_response,
+    route_metadata,
+    who,
+)
 from extproc.gateway.priority import overloaded, priority_class
 from extproc.gateway.snapshot import SnapshotHolder
+from extproc.gateway.tenant_gate import TenantGate
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
 from extproc.limits.types import AdmitResult, Reservation
 from extproc.openai import (
@@ -37,17 +46,19 @@ from extproc.openai import (
     InferenceRequest,
     api_for_path,
     cap_output_tokens,
-    estimate_tokens,
-    parse_request,
+    decode_json,
+    parse_document,
+    requested_model,
     rewrite_body,
 )
 from extproc.openai import errors as oai
+from extproc.openai.tokens import estimate_chars
 from extproc.rollout.config import SplitConfig
 from extproc.rollout.controller import Rollouts
 from extproc.rollout.split import select_pool
 from extproc.scheduling import Explanation, Scheduler, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
-from extproc.tenants import ANONYMOUS
+from extproc.tenants import ANONYMOUS, Tenant
 
 _LATENCY_EWMA_ALPHA = 0.2
 
@@ -62,8 +73,13 @@ class Gateway:
         wall_clock: Callable[[], float] = time.time,
         authenticator: Authenticator | None = None,
         rollouts: Rollouts | None = None,
+        replica_id: str | None = None,
+        cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self.rollouts = rollouts
+        self.request_ids = RequestIds(replica_id)
+        self._cpu_clock = cpu_clock  # CPU time of the event loop's thread: what a decision really costs
+        self.tenants = TenantGate()
         self.calibration = PromptCalibration()
         self.discovered: dict[str, tuple[str, ...]] = {}  # pool -> addresses from DNS discovery
         self._snapshots = snapshots
@@ -141,7 +157,7 @@ class Gateway:
         return SchedulingRequest(
             model=request.model,
             prompt_tokens=self._prompt_tokens(exchange, request, pool.name),
-            max_output_tokens=request.max_output_tokens,
+            max_output_tokens=request.output_tokens,
             prefix_blocks=prefix_blocks(request.prompt_text) if profile.needs_prefix else (),
             lora=request.model if request.model in pool.lora_adapters else None,
             session=head.headers.get("x-session-id") or request.user,
@@ -151,34 +167,42 @@ class Gateway:
         )
 
     # -- request phases -------------------------------------------------------------------------
-    def request_headers(self, head: RequestHead) -> tuple[Exchange, Respond | None]:
+    def request_headers(self, head: RequestHead, tenant: Tenant | None = None) -> tuple[Exchange, Respond | None]:
+        """The exchange, and the answer if the headers alone decide it. `tenant` (explain only): decide as
+        this tenant instead of authenticating the request."""
         snapshot = self._snapshots.current
         if snapshot.version != self._scheduler_version:
             self.reload()
         path = head.path.partition("?")[0]
         exchange = Exchange(head, snapshot, api_for_path(path), self._clock())
-        if exchange.api is None:
-            if path.rstrip("/") == "/v1/models" and head.method == "GET":
-                exchange.outcome = "models"
-                return exchange, Respond(200, snapshot.models_listing, JSON_HEADERS, details="models")
+        exchange.request_id = self.request_ids()
+        models = exchange.api is None and path.rstrip("/") == "/v1/models" and head.method == "GET"
+        if exchange.api is None and not models:
             return exchange, self._reject(exchange, oai.not_found(path))
-        if head.method != "POST":
+        if not models and head.method != "POST":
             return exchange, self._reject(exchange, oai.method_not_allowed(head.method, path))
-        if head.end_of_stream:
+        if not models and head.end_of_stream:
             return exchange, self._reject(exchange, oai.bad_request("Request body is empty", "invalid_json"))
         policy = snapshot.policy
         try:
-            exchange.tenant = self.authenticator.authenticate(head, policy.auth, set(policy.tiers))
+            exchange.tenant = tenant or self.authenticator.authenticate(head, policy.auth, set(policy.tiers))
         except ApiError as error:
             return exchange, self._reject(exchange, error)
+        if models:  # what this tenant may use, and only to an authenticated caller
+            exchange.outcome = "models"
+            return exchange, Respond(200, snapshot.models_for(exchange.tenant.models), JSON_HEADERS, details="models")
         limit = policy.bounds.max_body_bytes
         declared = head.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             return exchange, self._reject(exchange, oai.too_large(limit))
-        exchange.request_id = head.request_id or uuid.uuid4().hex
         tier = policy.tiers[exchange.tenant.tier]
-        exchange.limited = has_limits(exchange.tenant.limits or tier.limits) or has_limits(
-            exchange.tenant.model_limits or tier.model_limits)
+        limits = exchange.tenant.limits or tier.limits
+        model_limits = exchange.tenant.model_limits or tier.model_limits
+        exchange.limited = has_limits(limits) or has_limits(model_limits)
+        exchange.budgeted = has_budgets(limits) or has_budgets(model_limits)
+        refusal = self._early_refusal(exchange)
+        if refusal is not None:
+            return exchange, refusal
         if policy.flow_control.enabled:
             try:
                 exchange.klass = priority_class(head, tier, policy.flow_control)
@@ -186,16 +210,32 @@ class Gateway:
                 return exchange, self._reject(exchange, error)
         return exchange, None
 
+    def _early_refusal(self, exchange: Exchange) -> Respond | None:
+        """Refused before the body is parsed (TenantGate: local concurrency, rate retry, parse budget)."""
+        policy = exchange.snapshot.policy
+        limits = exchange.tenant.limits or policy.tiers[exchange.tenant.tier].limits
+        refused = self.tenants.refusal(exchange.tenant, limits, policy.bounds, self._clock())
+        if refused is None:
+            return None
+        self._metrics.rate_limited.labels(refused[0]).inc()
+        return self._reject(exchange, refused[1])
+
     def request_body(self, exchange: Exchange, body: bytes) -> Decision | Admission | Queued:
         """Route, or ask for admission first (the server awaits the store, then calls `admitted`), or
         queue while the pool is saturated (the server awaits the ticket, then calls `dequeued`)."""
         started = self._clock()
+        exchange.cpu_started = self._cpu_clock()
+        policy = exchange.snapshot.policy
         try:
+            if exchange.api is not None and exchange.request is None:
+                refusal = self._early_refusal(exchange)  # e.g. its parse budget ran out since its headers
+                if refusal is not None:
+                    return refusal
             request, pool = self._resolve(exchange, body)
+            output = request.output_tokens
             tokens = self._prompt_tokens(exchange, request, pool.name) + (
-                request.max_output_tokens or exchange.snapshot.policy.limits.default_output_tokens)
+                output if output is not None else policy.limits.default_output_tokens * request.sequences)
             exchange.tokens = tokens
-            policy = exchange.snapshot.policy
             admission = admit_request(exchange.tenant, policy.tiers[exchange.tenant.tier], pool.model,
                                       exchange.request_id, self._wall_clock(), tokens, policy.limits)
             if admission is not None:
@@ -207,14 +247,19 @@ class Gateway:
             return self._reject(exchange, error)
         finally:
             self._metrics.decision_seconds.observe(self._clock() - started)
+            if exchange.tenant is not ANONYMOUS:  # the anonymous tenant (auth none) has no parse budget
+                self.tenants.charge(exchange.tenant, self._cpu_clock() - exchange.cpu_started, policy.bounds,
+                                    self._clock())
 
     def admitted(self, exchange: Exchange, result: AdmitResult) -> Decision | Queued:
         """Continue after the store answered an Admission."""
         exchange.limit_states = result.states
         if not result.admitted or exchange.admission is None:
             self._metrics.rate_limited.labels(refused_dimension(result.refused_by)).inc()
+            self.tenants.store_refused(exchange.tenant, result.refused_by, result.retry_after_s, self._clock())
             return self._reject(exchange, rate_limited(result.refused_by, result.retry_after_s, result.states))
         exchange.reservation = Reservation.of(exchange.admission)
+        exchange.holds_slot = self.tenants.admitted(exchange.tenant, exchange.admission.concurrency)
         try:
             return self._gate(exchange, exchange.body)
         except ApiError as error:
@@ -260,7 +305,7 @@ class Gateway:
     def _prompt_tokens(self, exchange: Exchange, request: InferenceRequest, pool: str) -> int:
         """The prompt's estimated tokens, calibrated against the pool's real counts when enabled."""
         if not exchange.prompt_estimate:
-            exchange.prompt_estimate = estimate_tokens(request.prompt_text)
+            exchange.prompt_estimate = estimate_chars(len(request.prompt_text) + request.extra_prompt_chars)
         if not exchange.snapshot.policy.limits.calibrate_prompt_tokens:
             return exchange.prompt_estimate
         return self.calibration.tokens(pool, exchange.prompt_estimate)
@@ -273,37 +318,54 @@ class Gateway:
             raise oai.not_found(exchange.head.path)
         if exchange.request is not None and exchange.pool:
             return exchange.request, exchange.snapshot.by_name[exchange.pool]
-        bounds = exchange.snapshot.policy.bounds
-        request = parse_request(exchange.api, body, max_bytes=bounds.max_body_bytes, max_depth=bounds.max_json_depth)
-        guard = exchange.snapshot.guard
+        snapshot = exchange.snapshot
+        document = decode_json(body, max_bytes=snapshot.body_limits.max_bytes)
+        model = requested_model(document)
+        user = document.get("user")
+        # The model and the tenant's allow-list first: a refused request costs no more than its decoding.
+        pool = self._pool_for(exchange, model, user if isinstance(user, str) else None)
+        request = parse_document(exchange.api, document, snapshot.body_limits)
+        self._within_cpu_budget(exchange)
+        guard = snapshot.guard
         if guard is not None and guard.applies_to(exchange.tenant.tier):
             masked = guard.apply(request, self._count_guard if counting else None)
             if masked is not None:
                 request, exchange.body_changed = masked, True
-        cap = exchange.snapshot.policy.tiers[exchange.tenant.tier].max_output_tokens
+            self._within_cpu_budget(exchange)
+        cap = snapshot.policy.tiers[exchange.tenant.tier].max_output_tokens
+        if cap is None and exchange.budgeted and request.max_output_tokens is None:
+            cap = snapshot.policy.limits.default_output_tokens  # the engine may not outrun the reservation
         capped = cap_output_tokens(request, cap) if cap is not None else None
         if capped is not None:
             request, exchange.body_changed = capped, True
         exchange.request = request
         exchange.model = request.model
-        split = exchange.snapshot.splits.get(request.model)
-        if split is not None and exchange.tenant.may_use(request.model):
-            pool = exchange.snapshot.by_name[self._split_pool(exchange, request, split)]
-        else:
-            found = exchange.snapshot.by_model.get(request.model)
-            if found is None or not exchange.tenant.may_use(request.model):
-                raise oai.model_not_found(request.model)
-            pool = found
         exchange.pool = pool.name
         return request, pool
 
-    def _split_pool(self, exchange: Exchange, request: InferenceRequest, split: SplitConfig) -> str:
+    def _within_cpu_budget(self, exchange: Exchange) -> None:
+        budget_ms = exchange.snapshot.policy.bounds.decision_cpu_ms
+        if budget_ms and (self._cpu_clock() - exchange.cpu_started) * 1000 > budget_ms:
+            raise oai.too_expensive(budget_ms)
+
+    def _pool_for(self, exchange: Exchange, model: str, user: str | None) -> PoolConfig:
+        """The pool serving `model` for this tenant (a split's weighted, sticky choice), or 404."""
+        snapshot = exchange.snapshot
+        split = snapshot.splits.get(model)
+        if split is not None and exchange.tenant.may_use(model):
+            return snapshot.by_name[self._split_pool(exchange, user, split)]
+        found = snapshot.by_model.get(model)
+        if found is None or not exchange.tenant.may_use(model):
+            raise oai.model_not_found(model)
+        return found
+
+    def _split_pool(self, exchange: Exchange, user: str | None, split: SplitConfig) -> str:
         """Weighted, sticky choice among the split's pools (weights from the shared rollout state)."""
         weights = self.rollouts.current_weights(split.model) if self.rollouts is not None else None
         tenant = exchange.tenant
         return select_pool(split, weights, headers=exchange.head.headers, tier=tenant.tier,
                            tenant=None if tenant is ANONYMOUS else tenant.name,
-                           session=exchange.head.headers.get("x-session-id"), user=request.user,
+                           session=exchange.head.headers.get("x-session-id"), user=user,
                            request_id=exchange.request_id).pool
 
     def _route(self, exchange: Exchange, body: bytes, explain: Explanation | None = None) -> Decision:
@@ -326,7 +388,14 @@ class Gateway:
                                           self._time_plugin, explain) if candidates else []
         if not picked:
             raise oai.no_capacity(pool.name)
-        if explain is None:
+        rewrite = request.model != pool.model and request.model not in pool.lora_adapters
+        # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to
+        # settle a reservation, and for the audit log).
+        want_usage = request.stream and not request.include_usage and (
+            exchange.reservation is not None or bool(exchange.snapshot.policy.audit.path))
+        new_body = rewrite_body(request.document, pool.model if rewrite else None, want_usage) if (
+            rewrite or want_usage or exchange.body_changed) else None
+        if explain is None:  # committed only once nothing else can fail
             self._sequence = sequence
             self.health.picked(picked[0], now)
             self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
@@ -338,13 +407,6 @@ class Gateway:
             self._metrics.in_flight.inc()
         addresses = tuple(ep.address for ep in picked)
         envoy = exchange.snapshot.policy.envoy
-        rewrite = request.model != pool.model and request.model not in pool.lora_adapters
-        # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to
-        # settle a reservation, and for the audit log).
-        want_usage = request.stream and not request.include_usage and (
-            exchange.reservation is not None or bool(exchange.snapshot.policy.audit.path))
-        new_body = rewrite_body(request.document, pool.model if rewrite else None, want_usage) if (
-            rewrite or want_usage or exchange.body_changed) else None
         headers: list[tuple[str, str]] = [
             (envoy.cluster_header, pool.name),
             (envoy.endpoint_header, ",".join(addresses)),
@@ -373,9 +435,11 @@ class Gateway:
                 endpoint.latency_ewma_s = latency_s if previous is None else (
                     previous + _LATENCY_EWMA_ALPHA * (latency_s - previous))
 
-    def explain(self, head: RequestHead, body: bytes) -> dict[str, Any]:
-        """The decision this request would get now, with every endpoint's scores; nothing is sent or kept."""
-        exchange, early = self.request_headers(head)
+    def explain(self, head: RequestHead, body: bytes, tenant: Tenant | None = None) -> dict[str, Any]:
+        """The decision this request would get now, with every endpoint's scores; nothing is sent or kept.
+        `tenant`: decide as that tenant (no key is checked: explain must not tell valid keys from others)."""
+        exchange, early = self.request_headers(head, tenant)
+        exchange.cpu_started = self._cpu_clock()
         explanation = Explanation()
         try:
             decision: Decision = early if early is not None else self._route(exchange, body, explanation)
@@ -392,6 +456,11 @@ class Gateway:
         else:
             result.update(decision="respond", status=decision.status, body=json.loads(decision.body or b"null"))
         return result
+
+    def failed(self, exchange: Exchange) -> None:
+        """Our own error ended the exchange (a 500): it reached no model, so it is charged nothing."""
+        exchange.outcome = "internal_error"
+        exchange.status = 500
 
     def _reject(self, exchange: Exchange, error: ApiError) -> Respond:
         exchange.outcome = f"rejected_{error.status}"
@@ -412,6 +481,8 @@ class Gateway:
         if exchange.finished:
             return None
         exchange.finished = True
+        if exchange.holds_slot:
+            self.tenants.drop(exchange.tenant)
         if exchange.ticket is not None:
             self.flow.leave(exchange.ticket)
         for lease in exchange.leases:

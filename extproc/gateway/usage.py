@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from extproc.limits.types import Reservation, TokenBudget
+from extproc.limits.types import ConcurrencyLimit, Reservation, TokenBudget
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,29 +33,32 @@ class UsageReport:
 
 
 def encode_reservation(reservation: Reservation) -> str:
+    """Compact JSON: request id, tokens, admission time, budgets and concurrency leases (so that whichever
+    replica gets the access log entry can settle the budgets and release the leases)."""
     return json.dumps([reservation.request_id, reservation.tokens, round(reservation.admitted_at, 3),
-                       [[b.key, b.limit, b.window_s] for b in reservation.budgets]], separators=(",", ":"))
+                       [[b.key, b.limit, b.window_s] for b in reservation.budgets],
+                       [[c.key, c.limit, c.lease_ttl_s] for c in reservation.concurrency]], separators=(",", ":"))
 
 
 def decode_reservation(text: str) -> Reservation | None:
     """Inverse of encode_reservation; None for anything malformed (never raises)."""
     try:
-        request_id, tokens, admitted_at, budgets = json.loads(text)
+        request_id, tokens, admitted_at, budgets, *rest = json.loads(text)
         parsed = tuple(TokenBudget(str(k), int(limit), int(window)) for k, limit, window in budgets)
-        return Reservation(str(request_id), int(tokens), (), parsed, float(admitted_at))
+        leases = tuple(ConcurrencyLimit(str(k), int(limit), float(ttl)) for k, limit, ttl in (rest[0] if rest else ()))
+        return Reservation(str(request_id), int(tokens), leases, parsed, float(admitted_at))
     except (ValueError, TypeError):
         return None
 
 
-def settlement(report: UsageReport) -> tuple[Reservation, int] | None:
+def settlement(report: UsageReport, held: Reservation | None = None) -> tuple[Reservation, int] | None:
     """The reservation and the tokens to charge for it, or None if there is nothing to settle.
 
     Missing usage after a 2xx (client disconnect, upstream reset mid-stream) keeps the reserved
     estimate: the documented charge is prompt estimate + max_tokens (or limits.default_output_tokens).
     """
-    if not report.reservation:
-        return None
-    held = decode_reservation(report.reservation)
+    if held is None and report.reservation:
+        held = decode_reservation(report.reservation)
     if held is None:
         return None
     if report.prompt_tokens is None or report.completion_tokens is None:

@@ -1,25 +1,38 @@
 """Content guard: refuse requests whose prompt matches a deny rule, mask what mask rules match (e.g. PII)
 before any model sees it. Runs on the parsed request body the service already holds; the masked body
-replaces the original (as an alias rewrite does). Opt-in: no rules, no work."""
+replaces the original (as an alias rewrite does). Opt-in: no rules, no work.
+
+It reads every field vLLM renders into the prompt (extproc/openai/prompt.py), normalised (normalize.py).
+Deny rules run once over all of it joined with newlines, so a phrase split across parts or messages is
+found; masks run on each string (a value split across strings is not masked) and a string with a match
+is replaced by its normalised, masked form."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from extproc.guard.config import DETECTORS, GuardConfig, GuardRule
 from extproc.guard.detectors import BUILTIN
+from extproc.guard.normalize import normalize
 from extproc.openai.errors import ApiError
-from extproc.openai.spec import Api, InferenceRequest, prompt_text
+from extproc.openai.prompt import prompt_slots, prompt_text, unreadable_prompt
+from extproc.openai.spec import Api, InferenceRequest
 
-__all__ = ["DETECTORS", "Guard", "GuardConfig", "GuardRule", "Screened", "refused"]
+__all__ = ["DETECTORS", "Guard", "GuardConfig", "GuardRule", "Screened", "refused", "unverifiable"]
 
 
 def refused(rule: str) -> ApiError:
     return ApiError(400, f"The request was refused by the gateway's content policy (rule '{rule}').",
                     "invalid_request_error", "content_policy_violation")
+
+
+def unverifiable(field: str) -> ApiError:
+    return ApiError(400, f"The gateway's content policy screens prompt text; '{field}' carries prompt tokens it "
+                         "cannot read (send text instead).", "invalid_request_error", "content_policy_unverifiable",
+                    field)
 
 
 def too_long(limit: int) -> ApiError:
@@ -72,31 +85,6 @@ def _compile(rule: GuardRule) -> _Rule:
                  rule.mask_text.replace("\\", "\\\\"), possible)
 
 
-def _slots(api: Api, document: dict[str, Any]) -> Iterator[tuple[Any, Any]]:
-    """(container, key) of every prompt text string of the body: chat message contents and text parts,
-    completion prompts, embedding inputs (token-id arrays are not text)."""
-    if api is Api.CHAT:
-        for message in document.get("messages") or ():
-            if not isinstance(message, dict):
-                continue
-            content = message.get("content")
-            if isinstance(content, str):
-                yield message, "content"
-            elif isinstance(content, list):
-                for part in content:
-                    if isinstance(part, dict) and isinstance(part.get("text"), str):
-                        yield part, "text"
-        return
-    key = "prompt" if api is Api.COMPLETIONS else "input"
-    value = document.get(key)
-    if isinstance(value, str):
-        yield document, key
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            if isinstance(item, str):
-                yield value, index
-
-
 @dataclass
 class Screened:
     """What the guard found in one request: the deny rule that refuses it, or the matches masked (in
@@ -120,21 +108,37 @@ class Guard:
         return not self._tiers or tier in self._tiers
 
     def screen(self, api: Api, document: dict[str, Any]) -> Screened:
-        """The first deny rule that matches, else every mask applied in place. Text over the bound is
-        refused (ApiError 413), never passed on unscreened."""
-        slots = list(_slots(api, document))
-        if sum(len(container[key]) for container, key in slots) > self.max_text_chars:
+        """The first deny rule that matches the prompt's joined text, else every mask applied in place.
+        Text over the bound (ApiError 413) or prompt tokens it cannot read (token ids, embeddings: 400) are
+        refused, never passed on unscreened."""
+        unreadable = unreadable_prompt(api, document)
+        if unreadable is not None:
+            raise unverifiable(unreadable)
+        texts, meta = prompt_slots(api, document)
+        slots = texts + meta
+        raw = [key if container is None else container[key] for container, key in slots]
+        if sum(map(len, raw)) > self.max_text_chars:
             raise too_long(self.max_text_chars)
-        for rule in self._deny:
-            if any(rule.hits(container[key]) for container, key in slots):
-                return Screened(denied_by=rule.name)
+        seen = [normalize(text) for text in raw]
+        if self._deny:
+            # What the prompt says as one text, as the template joins it (a phrase split over parts or
+            # messages is still found), then what structures it.
+            joined = "\n".join(seen)
+            for rule in self._deny:
+                if rule.hits(joined):
+                    return Screened(denied_by=rule.name)
         screened = Screened()
-        for rule in self._mask:
-            for container, key in slots:
-                text, count = rule.mask(container[key])
+        for (container, key), text in zip(slots, seen, strict=True):
+            if container is None:
+                continue  # a dict key (e.g. a tool's parameter name): screened by deny rules only
+            masked_any = False
+            for rule in self._mask:
+                text, count = rule.mask(text)
                 if count:
-                    container[key] = text
+                    masked_any = True
                     screened.masked[rule.name] = screened.masked.get(rule.name, 0) + count
+            if masked_any:
+                container[key] = text
         return screened
 
     def apply(self, request: InferenceRequest,

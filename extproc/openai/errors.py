@@ -49,6 +49,16 @@ def too_large(limit: int) -> ApiError:
                     "request_too_large")
 
 
+def too_complex(limit: int) -> ApiError:
+    return ApiError(413, f"Request body holds more than {limit} JSON objects and arrays", "invalid_request_error",
+                    "request_too_complex")
+
+
+def too_expensive(budget_ms: float) -> ApiError:
+    return ApiError(413, f"Processing the request took more than {budget_ms:g} ms of gateway CPU time",
+                    "invalid_request_error", "request_too_complex")
+
+
 def no_capacity(pool: str, retry_after_s: int = 1) -> ApiError:
     return ApiError(
         503, f"No ready endpoint in pool '{pool}'; retry later", "server_error", "no_capacity",

@@ -1,29 +1,37 @@
 """Parse OpenAI-style request bodies into a plain `InferenceRequest`; bounded, no I/O.
 
-One generic parser plus a small table of per-API field rules, instead of one parser per endpoint.
+One generic parser plus a small table of per-API field rules, instead of one parser per endpoint. The
+body is decoded once (C speed, bounded by its size); everything done in Python afterwards is bounded by
+element counts checked before it runs: the number of chat messages (constant time), then one walk over
+the JSON objects and arrays that stops at `max_containers` (containers holding only scalars, such as a
+token-id prompt, cost one C-level pass).
 """
 
 from __future__ import annotations
 
-import enum
 import json
+import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-from extproc.openai.errors import ApiError, bad_request, too_large
+from extproc.openai.apis import PATHS, Api, api_for_path
+from extproc.openai.errors import ApiError, bad_request, too_complex, too_large
+from extproc.openai.output import cap_document, output_bound
+from extproc.openai.prompt import extra_prompt_chars, prompt_text
+
+__all__ = ["PATHS", "Api", "ApiError", "BodyLimits", "InferenceRequest", "api_for_path", "cap_output_tokens",
+           "decode_json", "parse_document", "parse_request", "prompt_text", "requested_model", "rewrite_body"]
 
 
-class Api(enum.Enum):
-    CHAT = "chat"
-    COMPLETIONS = "completions"
-    EMBEDDINGS = "embeddings"
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """What one body may hold (policy `bounds`)."""
 
-
-PATHS: dict[str, Api] = {
-    "/v1/chat/completions": Api.CHAT,
-    "/v1/completions": Api.COMPLETIONS,
-    "/v1/embeddings": Api.EMBEDDINGS,
-}
+    max_bytes: int
+    max_depth: int = 32
+    max_containers: int = 20_000  # JSON objects + arrays
+    max_messages: int = 2048
+    max_choices: int = 128  # n / best_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,108 +41,101 @@ class InferenceRequest:
     api: Api
     model: str
     stream: bool
-    max_output_tokens: int | None
+    max_output_tokens: int | None  # per generated sequence, as the engine reads the fields; None = up to the context
     prompt_text: str
     include_usage: bool
     user: str | None
     document: dict[str, Any]
+    sequences: int = 1  # sequences the engine generates: n (or best_of) x prompts of a completions batch
+    extra_prompt_chars: int = 0  # prompt text outside `prompt_text` (tools, documents, names, ...)
+
+    @property
+    def output_tokens(self) -> int | None:
+        """Most tokens the engine may generate for the whole request (None = unbounded)."""
+        return None if self.max_output_tokens is None else self.max_output_tokens * self.sequences
 
 
-def api_for_path(path: str) -> Api | None:
-    return PATHS.get(path.partition("?")[0].rstrip("/") or "/")
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
 
 
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """Iterative depth check over containers only (strings are leaves), stops at the first violation."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+# Immutable, built once: json.loads(..., parse_constant=...) would build a decoder on every call.
+_DECODER = json.JSONDecoder(parse_constant=_no_constants)
+
+# A \uD800-\uDFFF escape: JSON allows it, but alone (not half of a pair) it is no Unicode character, and no
+# tokenizer (nor UTF-8) can encode it. Raw UTF-8 bytes cannot carry one (decoding refuses them).
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(document: dict[str, Any]) -> bool:
+    try:
+        json.dumps(document, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return True
     return False
 
 
-def decode_json(body: bytes, *, max_bytes: int, max_depth: int) -> dict[str, Any]:
+def decode_json(body: bytes, *, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object (size-checked first; NaN/Infinity refused like any non-JSON)."""
     if len(body) > max_bytes:
         raise too_large(max_bytes)
     if not body:
         raise bad_request("Request body is empty; expected a JSON object", "invalid_json")
     try:
-        document = json.loads(body)
+        document = _DECODER.decode(body.decode("utf-8"))
     except RecursionError:
-        raise bad_request(f"JSON nesting deeper than {max_depth}", "invalid_json") from None
+        raise bad_request("JSON nesting too deep", "invalid_json") from None
     except UnicodeDecodeError:
         raise bad_request("Request body is not valid UTF-8", "invalid_json") from None
     except ValueError as exc:
         raise bad_request(f"Request body is not valid JSON: {exc}", "invalid_json") from None
     if not isinstance(document, dict):
         raise bad_request("Request body must be a JSON object", "invalid_json")
-    if _depth_exceeds(document, max_depth):
-        raise bad_request(f"JSON nesting deeper than {max_depth}", "invalid_json")
+    # Checked only when the body escapes a surrogate (~0.25 us per KiB: the scan jumps from backslash to
+    # backslash); a body that does (emoji escaped as pairs) costs one encode more.
+    if _SURROGATE_ESCAPE.search(body) is not None and _lone_surrogate(document):
+        raise bad_request("Request body holds a lone UTF-16 surrogate escape (\\uD800-\\uDFFF without its pair), "
+                          "which is not Unicode text", "invalid_json")
     return document
 
 
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [part.get("text", "") for part in content if isinstance(part, dict)]
-        return "".join(p for p in parts if isinstance(p, str))
-    return ""
-
-
-def prompt_text(api: Api, document: dict[str, Any]) -> str:
-    """The prompt as one text (chat: role-tagged messages): what prefix hashing and estimates read."""
-    if api is Api.CHAT:
-        messages = document.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("'messages' must be a non-empty array", "invalid_value", "messages")
-        pieces: list[str] = []
-        for message in messages:
-            if not isinstance(message, dict):
-                raise bad_request("each message must be an object", "invalid_value", "messages")
-            role = message.get("role")
-            pieces.append(f"<|{role if isinstance(role, str) else ''}|>{_content_text(message.get('content'))}")
-        return "\n".join(pieces)
-    key = "prompt" if api is Api.COMPLETIONS else "input"
-    prompt = document.get(key)
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "\n".join(prompt)
-    if isinstance(prompt, list):  # token ids: keep a stable text stand-in of the same length
-        return " ".join(str(p) for p in prompt)
-    raise bad_request(f"'{key}' is required", "invalid_value", key)
-
-
-# The output limit fields, in the order vLLM reads them (max_completion_tokens wins).
-_OUTPUT_FIELDS = ("max_completion_tokens", "max_tokens")
-
-
-def _optional_int(document: dict[str, Any], *names: str) -> int | None:
-    for name in names:
-        value = document.get(name)
-        if value is None:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise bad_request(f"'{name}' must be a non-negative integer", "invalid_value", name)
-        return value
-    return None
-
-
-def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int) -> InferenceRequest:
-    """Validate the fields routing depends on; everything else passes through to vLLM untouched."""
-    document = decode_json(body, max_bytes=max_bytes, max_depth=max_depth)
+def requested_model(document: dict[str, Any]) -> str:
     model = document.get("model")
     if not isinstance(model, str) or not model:
         raise bad_request("'model' is required and must be a string", "missing_model", "model")
+    return model
+
+
+_CONTAINER_SET = frozenset({dict, list})
+
+
+def _check_structure(document: dict[str, Any], limits: BodyLimits) -> None:
+    """Depth and container count, stopping at the first violation."""
+    messages = document.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
+        raise bad_request(f"'messages' may hold at most {limits.max_messages} messages", "invalid_value", "messages")
+    stack: list[tuple[Any, int]] = [(document, 1)]
+    seen = 0
+    while stack:
+        item, depth = stack.pop()
+        seen += 1
+        if depth > limits.max_depth:
+            raise bad_request(f"JSON nesting deeper than {limits.max_depth}", "invalid_json")
+        values = item.values() if type(item) is dict else item
+        if len(values) > 32 and not _CONTAINER_SET.intersection(map(type, values)):
+            continue  # scalars only (e.g. token ids): one pass in C, no Python per element
+        nested = [child for child in values if type(child) is dict or type(child) is list]
+        if nested:
+            if seen + len(stack) + len(nested) > limits.max_containers:
+                raise too_complex(limits.max_containers)
+            depth += 1
+            stack.extend([(child, depth) for child in nested])
+
+
+def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> InferenceRequest:
+    """Validate the fields routing depends on; everything else passes through to vLLM untouched."""
+    _check_structure(document, limits)
+    model = requested_model(document)
     stream = document.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "invalid_value", "stream")
@@ -143,45 +144,53 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int) -> I
     options = document.get("stream_options")
     include_usage = isinstance(options, dict) and options.get("include_usage") is True
     user = document.get("user")
+    per_sequence, sequences = output_bound(api, document, limits.max_choices)
     return InferenceRequest(
         api=api,
         model=model,
         stream=stream,
-        max_output_tokens=_optional_int(document, *_OUTPUT_FIELDS),
+        max_output_tokens=None if api is Api.EMBEDDINGS else per_sequence,
         prompt_text=prompt_text(api, document),
         include_usage=include_usage,
         user=user if isinstance(user, str) else None,
         document=document,
+        sequences=sequences,
+        extra_prompt_chars=extra_prompt_chars(api, document),
     )
 
 
+def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int, **limits: int) -> InferenceRequest:
+    """decode_json + parse_document in one call (`limits`: the other BodyLimits fields)."""
+    return parse_document(api, decode_json(body, max_bytes=max_bytes),
+                          BodyLimits(max_bytes, max_depth, **limits))
+
+
 def cap_output_tokens(request: InferenceRequest, cap: int) -> InferenceRequest | None:
-    """The request with its output limited to `cap` tokens (fields over it lowered, `max_tokens` set when
-    it named none; the document is changed in place), or None when it already asks for at most `cap`.
-    Embeddings have no output to cap."""
-    if request.api is Api.EMBEDDINGS or (request.max_output_tokens is not None and request.max_output_tokens <= cap):
+    """The request with every sequence limited to `cap` tokens, written into the fields the engine reads
+    (the document is changed in place), or None when it already asks for at most `cap`. Embeddings have no
+    output to cap."""
+    if request.api is Api.EMBEDDINGS or not cap_document(request.api, request.document, request.max_output_tokens,
+                                                         cap):
         return None
-    document = request.document
-    present = [name for name in _OUTPUT_FIELDS if document.get(name) is not None]
-    if not present:
-        document["max_tokens"] = cap
-    for name in present:
-        value = document[name]
-        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
-            document[name] = cap
     return replace(request, max_output_tokens=cap)
 
 
+def _dumps(document: dict[str, Any], ascii_only: bool) -> bytes:
+    return json.dumps(document, separators=(",", ":"), ensure_ascii=ascii_only).encode()
+
+
 def rewrite_body(document: dict[str, Any], model: str | None, include_usage: bool = False) -> bytes:
-    """Serialise the body with `model` replaced (alias -> served name) and/or usage requested in streams."""
+    """Serialise the body with `model` replaced (alias -> served name) and/or usage requested in streams.
+
+    `decode_json` refuses lone surrogates; should one still be here (a document built elsewhere), the body is
+    written with every non-ASCII character escaped instead of failing."""
     updated = dict(document)
     if model is not None:
         updated["model"] = model
     if include_usage:
         options = updated.get("stream_options")
         updated["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}
-    return json.dumps(updated, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-__all__ = ["PATHS", "Api", "ApiError", "InferenceRequest", "api_for_path", "cap_output_tokens", "parse_request",
-           "prompt_text", "rewrite_body"]
+    try:
+        return _dumps(updated, False)
+    except UnicodeEncodeError:
+        return _dumps(updated, True)

@@ -12,3 +12,8 @@ CHARS_PER_TOKEN = 4.0
 
 def estimate_tokens(text: str, chars_per_token: float = CHARS_PER_TOKEN) -> int:
     return max(1, int(len(text) / chars_per_token + 0.5)) if text else 0
+
+
+def estimate_chars(chars: int, chars_per_token: float = CHARS_PER_TOKEN) -> int:
+    """The same estimate for a character count."""
+    return max(1, int(chars / chars_per_token + 0.5)) if chars else 0

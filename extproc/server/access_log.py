@@ -3,7 +3,13 @@
 Each entry carries the final status, the upstream host, and the dynamic metadata Envoy collected:
 usage tokens (namespace `extproc.usage`, written by json_to_metadata / sse_to_metadata) and our own
 reservation (namespace `extproc`, from the ext_proc reply). Usage is settled in the limit store, so
-no SSE chunk ever passes through Python.
+no SSE chunk ever passes through Python. The replica that decided an exchange releases its concurrency
+leases when the ext_proc stream ends; an entry decided by another process (which may have died while
+Envoy finished the exchange: its stream end never came) has its leases released here (idempotent).
+
+Entries are keyed by our own request id (from our metadata), never by the client's x-request-id, and
+streams must carry the gRPC token (grpc_auth.py) when one is configured: a forged entry could otherwise
+refund a running request or drain another tenant's budget.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ import grpc
 from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
-from extproc.gateway.usage import UsageReport, settlement
+from extproc.gateway.usage import UsageReport, decode_reservation, settlement
 from extproc.limits.types import Store
 from extproc.rollout.analysis import tpot_seconds
+from extproc.server.grpc_auth import authorized, refuse
 from extproc.server.protocol import METADATA_NAMESPACE
 from extproc.telemetry import GatewayMetrics
 
@@ -56,7 +63,7 @@ def usage_report(entry: accesslog_pb2.HTTPAccessLogEntry) -> UsageReport:
     flags = common.response_flags
     flag_names = [f.name for f, v in flags.ListFields() if v is True]
     return UsageReport(
-        request_id=entry.request.request_id,
+        request_id=_string(ours, "request_id") or "",
         status=entry.response.response_code.value,
         prompt_tokens=_number(usage, "prompt_tokens"),
         completion_tokens=_number(usage, "completion_tokens"),
@@ -82,8 +89,11 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
     def __init__(self, store: Store, metrics: GatewayMetrics,
                  on_outcome: Callable[[str, str | None, bool, float | None], None] | None = None,
                  on_pool_outcome: Callable[[str, bool, float | None, float | None], None] | None = None,
-                 on_prompt_usage: Callable[[str, int, int], None] | None = None) -> None:
+                 on_prompt_usage: Callable[[str, int, int], None] | None = None, token: str | None = None,
+                 decided_here: Callable[[str], bool] | None = None) -> None:
         self._store = store
+        self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
+        self._decided_here = decided_here  # this process's own request ids (released at their stream end)
         self._metrics = metrics
         self._on_outcome = on_outcome
         self._on_pool_outcome = on_pool_outcome  # canary analysis: (pool, ok, ttft_s, tpot_s)
@@ -95,6 +105,10 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         self, request_iterator: AsyncIterator[als_pb2.StreamAccessLogsMessage],
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> als_pb2.StreamAccessLogsResponse:
+        if self._token is not None and not authorized(context, self._token):
+            self._metrics.refused_streams.labels("access_log").inc()
+            await refuse(context)
+            return als_pb2.StreamAccessLogsResponse()
         async for message in request_iterator:
             for entry in message.http_logs.log_entry:
                 try:
@@ -133,7 +147,14 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 self._metrics.tpot_seconds.labels(report.pool).observe(tpot)
             if self._on_pool_outcome is not None:
                 self._on_pool_outcome(report.pool, ok, ttft, tpot)
-        settle = settlement(report)
+        held = decode_reservation(report.reservation) if report.reservation else None
+        if held is not None and held.concurrency and not (
+                self._decided_here is not None and self._decided_here(held.request_id)):
+            try:
+                await self._store.release(held, time.time())
+            except Exception:
+                self._metrics.store_failures.labels("release").inc()
+        settle = settlement(report, held)
         if settle is None:
             return
         held, tokens = settle

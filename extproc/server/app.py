@@ -31,6 +31,7 @@ from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
 from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync
+from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
@@ -147,9 +148,12 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     metrics.config_version.set(snapshots.current.version)
     store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS)
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store), server)
+    grpc_token = read_token(policy.service.grpc_token_file)
+    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store, grpc_token, metrics),
+                                                     server)
     access_log = AccessLogService(store, metrics, gateway.record_outcome, rollouts.record,
-                                  on_prompt_usage=gateway.calibration.observe)
+                                  on_prompt_usage=gateway.calibration.observe, token=grpc_token,
+                                  decided_here=gateway.request_ids.mine)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -180,7 +184,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_overshoots.set_function(
             lambda: float(shared.headroom.overshoots_total if shared.headroom is not None else 0))
     service.admin_runner = web.AppRunner(
-        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts), access_log=None
+        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts,
+                        read_token(policy.service.admin_token_file)), access_log=None
     )
     return service
 

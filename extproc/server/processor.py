@@ -16,9 +16,14 @@ from extproc.gateway import Admission, Decision, Exchange, Gateway, Queued, Resp
 from extproc.limits.types import Reservation, Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
+from extproc.server.grpc_auth import authorized, refuse
+from extproc.telemetry import GatewayMetrics
 
 log = logging.getLogger(__name__)
 
+# A failure in these phases means the routing decision never reached Envoy (no model saw the request); later
+# ones (response headers) come after the exchange was served, which the access log settles.
+_DECISION_PHASES = frozenset({"request_headers", "request_body"})
 _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "server_error").body(),
                           (("content-type", "application/json"),), "internal_error")
 
@@ -73,13 +78,21 @@ def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
 
 
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, gateway: Gateway, store: Store) -> None:
+    def __init__(self, gateway: Gateway, store: Store, token: str | None = None,
+                 metrics: GatewayMetrics | None = None) -> None:
         self._gateway = gateway
         self._store = store
+        self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
+        self._metrics = metrics
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
+        if self._token is not None and not authorized(context, self._token):
+            if self._metrics is not None:
+                self._metrics.refused_streams.labels("ext_proc").inc()
+            await refuse(context)
+            return
         # read()/write() on the context instead of an async generator: one less layer per message.
         stream = StreamProcessor(self._gateway)
         try:
@@ -103,13 +116,15 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                         response = stream.respond(self._gateway.dequeued(exchange, outcome))
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
+                    if stream.exchange is not None and message.WhichOneof("request") in _DECISION_PHASES:
+                        self._gateway.failed(stream.exchange)  # its decision never reached Envoy: no charge
                     response = protocol.immediate_response(_INTERNAL_ERROR)
                 if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
             if stream.exchange is not None:
-                routed = stream.exchange.routed_at is not None
+                routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)
                 if held is not None:
                     await self._give_back(held, routed)

@@ -101,3 +101,6 @@ class GatewayMetrics:
         self.config_loads = Counter(
             "extproc_config_loads", "Policy loads by result", ["result"], registry=registry
         )
+        self.refused_streams = Counter(
+            "extproc_grpc_unauthenticated", "gRPC streams refused for a missing or wrong token, per service",
+            ["service"], registry=registry)

@@ -2,6 +2,14 @@
 
 Pools and clusters come from one source, so they can never disagree. Files are written with an
 atomic rename into a directory Envoy watches, so Envoy never reads a half-written file.
+
+The decision survives the service: ext_proc fails open (`failure_mode_allow: true`), so an exchange whose
+routing decision was made runs to its end even if our service dies or stalls afterwards (measured with
+Envoy 1.40: without it a broken ext_proc stream cut a running SSE stream and answered 500 to a routed
+JSON request). What keeps every other request from reaching a model is the route table: only requests
+carrying the pool header, which only our service sets (clients' copies are stripped before the route is
+chosen), take the pool route; the rest get the unrouted route: a 500 (fail closed) or the fallback pool
+(`envoy.failure_mode_allow: true`).
 """
 
 from __future__ import annotations
@@ -16,34 +24,23 @@ import yaml
 from extproc.config import EnvoyConfig, Policy, PoolConfig
 from extproc.config.schema import parse_endpoint
 from extproc.flow.config import MESSAGE_TIMEOUT_SLACK_S
+from extproc.xds.local_reply import local_reply_config, unrouted_response
+from extproc.xds.logs import (
+    AUDIT_FORMAT,
+    EXTPROC_CLUSTER,
+    USAGE_NAMESPACE,
+    access_log,
+    extproc_grpc_service,
+    usage_filters,
+)
 
-EXTPROC_CLUSTER = "extproc"
+__all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "LISTENER", "ROUTE_CONFIG", "USAGE_NAMESPACE", "access_log", "dump",
+           "extproc_cluster", "http_filters", "listener", "render_files", "render_static", "route_config",
+           "write_atomic", "write_config"]
+
 ROUTE_CONFIG = "llm_routes"
 LISTENER = "llm_listener"
 _T = "type.googleapis.com/envoy."
-
-# Local replies that Envoy itself generates (no upstream, upstream failed, body too large, ext_proc
-# down) get an OpenAI-shaped body too. Replies our service sends are already JSON and are left alone.
-# Mappers also see the replies our service sends through ext_proc, so each uses a fixed message
-# that is right whoever produced the status.
-_ENVOY_FAILURES: tuple[tuple[str, int | None, str, str, str], ...] = (
-    ("UH", 503, "server_error", "no_healthy_upstream", "No healthy endpoint in the pool; retry later"),
-    ("UF", 503, "server_error", "upstream_connect_failure", "Could not connect to the model server"),
-    ("UO", 503, "server_error", "upstream_overflow", "The model pool is over capacity; retry later"),
-    ("NC", 503, "server_error", "no_pool_selected", "No model pool was selected for this request"),
-    ("NR", 404, "invalid_request_error", "no_route", "No route for this request"),
-    ("UT", 504, "server_error", "upstream_timeout", "The model server did not answer in time"),
-    ("URX", 503, "server_error", "upstream_retry_limit_exceeded", "The model server failed after retries"),
-    ("UC", 503, "server_error", "upstream_connection_terminated", "The model server closed the connection"),
-)
-_BY_STATUS: tuple[tuple[int, int, str, str, str], ...] = (
-    (413, 413, "invalid_request_error", "request_too_large", "Request body exceeds the gateway's size limit"),
-    (500, 500, "server_error", "gateway_error", "The gateway could not process the request"),
-    # ext_proc's message timeout answers 504 with an empty body (status_on_error covers only gRPC
-    # errors); an upstream timeout also is 504 but carries the UT flag and was mapped above.
-    (504, 500, "server_error", "gateway_error", "The gateway could not process the request"),
-)
-
 
 def _seconds(value: float) -> str:
     return f"{value:g}s"
@@ -58,127 +55,6 @@ def _file_source(directory: Path, name: str) -> dict[str, Any]:
 
 def _address(host: str, port: int) -> dict[str, Any]:
     return {"socket_address": {"address": host, "port_value": port}}
-
-
-def _openai_error_format(error_type: str, code: str, message: str) -> dict[str, Any]:
-    return {
-        "json_format": {"error": {"message": message, "type": error_type, "param": None, "code": code}},
-        "content_type": "application/json",
-    }
-
-
-def _local_reply_config() -> dict[str, Any]:
-    mappers: list[dict[str, Any]] = [
-        {
-            "filter": {"response_flag_filter": {"flags": [flag]}},
-            **({"status_code": status} if status else {}),
-            **({"headers_to_add": [{"header": {"key": "retry-after", "value": "1"},
-                                    "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]} if status == 503 else {}),
-            "body_format_override": _openai_error_format(error_type, code, message),
-        }
-        for flag, status, error_type, code, message in _ENVOY_FAILURES
-    ]
-    # Body over the buffer limit (Envoy's own 413) and ext_proc failures (500 from the filter).
-    for status, answer, error_type, code, message in _BY_STATUS:
-        mappers.append({
-            "filter": {"status_code_filter": {"comparison": {
-                "op": "EQ", "value": {"default_value": status, "runtime_key": f"extproc.local_reply.{status}"}}}},
-            **({"status_code": answer} if answer != status else {}),
-            "body_format_override": _openai_error_format(error_type, code, message),
-        })
-    return {"mappers": mappers}
-
-
-USAGE_NAMESPACE = "extproc.usage"
-
-
-def _usage_rules() -> list[dict[str, Any]]:
-    """usage.prompt_tokens / usage.completion_tokens -> dynamic metadata `extproc.usage`."""
-    return [
-        {"selectors": [{"key": "usage"}, {"key": key}],
-         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": key, "type": "NUMBER"}}
-        for key in ("prompt_tokens", "completion_tokens")
-    ]
-
-
-def _usage_filters() -> list[dict[str, Any]]:
-    """Envoy-native usage extraction: no response byte passes through Python."""
-    return [
-        {
-            "name": "envoy.filters.http.json_to_metadata",
-            "typed_config": {
-                "@type": _T + "extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
-                # Any JSON media type, charset parameter or not (vLLM sends plain application/json).
-                "response_rules": {"rules": _usage_rules(), "allow_content_types_regex": {
-                    "google_re2": {}, "regex": "application/json(;.*)?"}},
-            },
-        },
-        {
-            # Work in progress upstream (Envoy 1.40): if absent, streamed usage is charged as estimated.
-            "name": "envoy.filters.http.sse_to_metadata",
-            "typed_config": {
-                "@type": _T + "extensions.filters.http.sse_to_metadata.v3.SseToMetadata",
-                "response_rules": {"content_parser": {
-                    "name": "envoy.content_parsers.json",
-                    "typed_config": {
-                        "@type": _T + "extensions.content_parsers.json.v3.JsonContentParser",
-                        "rules": [{"rule": rule} for rule in _usage_rules()],
-                    },
-                }},
-            },
-        },
-    ]
-
-
-# The audit line: field -> Envoy command operator (json_format keeps numbers numbers; absent = null).
-AUDIT_FORMAT = {
-    "time": "%START_TIME%",
-    "request_id": "%REQ(X-REQUEST-ID)%",
-    "tenant": "%DYNAMIC_METADATA(extproc:tenant)%",
-    "key": "%DYNAMIC_METADATA(extproc:key)%",
-    "model": "%DYNAMIC_METADATA(extproc:model)%",
-    "pool": "%DYNAMIC_METADATA(extproc:pool)%",
-    "endpoint": "%UPSTREAM_HOST%",
-    "status": "%RESPONSE_CODE%",
-    "details": "%RESPONSE_CODE_DETAILS%",
-    "flags": "%RESPONSE_FLAGS%",
-    "prompt_tokens": "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%",
-    "completion_tokens": "%DYNAMIC_METADATA(extproc.usage:completion_tokens)%",
-    "duration_ms": "%DURATION%",
-    "upstream_first_byte_ms": "%RESPONSE_DURATION%",
-    "client": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%",
-    "method": "%REQ(:METHOD)%",
-    "path": "%REQ(:PATH)%",
-    "user_agent": "%REQ(USER-AGENT)%",
-}
-
-
-def access_log(policy: Policy) -> list[dict[str, Any]]:
-    """gRPC access log to our service (final status, upstream host, usage and our reservation), and the
-    audit file log when `audit.path` is set."""
-    logs: list[dict[str, Any]] = [{
-        "name": "envoy.access_loggers.http_grpc",
-        "typed_config": {
-            "@type": _T + "extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
-            "common_config": {
-                "log_name": "extproc",
-                "transport_api_version": "V3",
-                "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
-                "buffer_flush_interval": "0.1s",
-                "buffer_size_bytes": 16384,
-            },
-        },
-    }]
-    if policy.audit.path:
-        logs.append({
-            "name": "envoy.access_loggers.file",
-            "typed_config": {
-                "@type": _T + "extensions.access_loggers.file.v3.FileAccessLog",
-                "path": policy.audit.path,
-                "log_format": {"json_format": AUDIT_FORMAT},
-            },
-        })
-    return logs
 
 
 def stripped_headers(policy: Policy) -> list[str]:
@@ -218,8 +94,10 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
             "name": "envoy.filters.http.ext_proc",
             "typed_config": {
                 "@type": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
-                "grpc_service": {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}},
-                "failure_mode_allow": envoy.failure_mode_allow,
+                "grpc_service": extproc_grpc_service(policy),
+                # Fail open: a routed exchange outlives our service; unrouted requests are stopped by the
+                # route table (module docstring), not here.
+                "failure_mode_allow": True,
                 # A slow or unreachable processor answers 500 (mapped to an OpenAI error), not Envoy's 504.
                 "status_on_error": {"code": 500},
                 # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
@@ -240,7 +118,7 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 },
             },
         },
-        *_usage_filters(),
+        *usage_filters(),
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": _T + "extensions.filters.http.router.v3.Router"}},
     ]
@@ -273,15 +151,17 @@ def route_config(policy: Policy) -> dict[str, Any]:
             "header": {"key": "x-gateway-upstream-host", "value": "%UPSTREAM_REMOTE_ADDRESS%"},
             "append_action": "OVERWRITE_IF_EXISTS_OR_ADD",
         }]
+    # Only requests our service routed carry the pool header (clients' copies are stripped first);
+    # everything else (the service unreachable, slow, or dead before its reply) takes the unrouted route.
+    route["match"]["headers"] = [{"name": envoy.cluster_header, "present_match": True}]
     routes = [route]
-    if envoy.failure_mode_allow and envoy.fallback_pool is not None:
-        # Fail open: only requests our service routed carry the pool header (clients' copies are
-        # stripped first); everything else, e.g. while the service is unreachable, takes the fallback.
-        route["match"]["headers"] = [{"name": envoy.cluster_header, "present_match": True}]
+    if envoy.failure_mode_allow and envoy.fallback_pool is not None:  # fail open: to the fallback pool
         fallback = {key: value for key, value in route.items() if key != "match"}
         fallback["route"] = {k: v for k, v in route["route"].items() if k != "cluster_header"}
         fallback["route"]["cluster"] = envoy.fallback_pool
         routes.append({"match": {"prefix": "/"}, **fallback})
+    else:  # fail closed
+        routes.append({"match": {"prefix": "/"}, **unrouted_response()})
     return {
         "@type": _T + "config.route.v3.RouteConfiguration",
         "name": ROUTE_CONFIG,
@@ -296,8 +176,10 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "stat_prefix": "llm",
         "codec_type": "AUTO",
         "stream_idle_timeout": _seconds(envoy.stream_idle_timeout_s),
-        "request_timeout": "0s",
-        "local_reply_config": _local_reply_config(),
+        # Slow loris: headers, then the whole request (upload + admission queue), each within a bound.
+        "request_headers_timeout": _seconds(envoy.request_headers_timeout_s),
+        "request_timeout": _seconds(policy.request_timeout_s()),
+        "local_reply_config": local_reply_config(),
         "access_log": access_log(policy),
         # The route is chosen (and cached) before HTTP filters run: without this, a client's
         # x-gateway-pool would pick the route whenever ext_proc fails open.

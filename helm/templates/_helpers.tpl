@@ -63,8 +63,10 @@ app.kubernetes.io/component: {{ .component }}
 
 {{/*
 The policy file as the service reads it: .Values.policy plus what a pod needs.
-- service.grpc_host / admin_host default to 0.0.0.0 (kubelet probes, Prometheus and, outside standalone
-  mode, Envoy reach the pod by its IP); a loopback value is refused where it cannot work.
+- service.admin_host defaults to 0.0.0.0 (kubelet probes and Prometheus reach the pod by its IP);
+  service.grpc_host to 127.0.0.1 in standalone mode (only the Envoy of the same pod calls it) and to 0.0.0.0
+  in the Istio modes (the gateway / sidecars call it); a loopback value is refused where it cannot work.
+- grpcAuth / adminAuth make service.grpc_token_file / admin_token_file default to their mounted Secrets.
 - standalone: Envoy runs in the same pod, so its ext_proc cluster defaults to 127.0.0.1:<grpc_port> and
   its listener to 0.0.0.0.
 - a Redis from the chart (redis.enabled / url / existingSecret, as EXTPROC_REDIS_URL) makes limits.store
@@ -77,7 +79,13 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- define "extproc.policy" -}}
 {{- $policy := deepCopy (.Values.policy | default dict) -}}
 {{- $service := get $policy "service" | default dict -}}
-{{- $_ := set $service "grpc_host" (get $service "grpc_host" | default "0.0.0.0") -}}
+{{- $_ := set $service "grpc_host" (get $service "grpc_host" | default (ternary "127.0.0.1" "0.0.0.0" (eq .Values.mode "standalone"))) -}}
+{{- if and (include "extproc.grpcTokenSecret" .) (not (get $service "grpc_token_file")) -}}
+{{- $_ := set $service "grpc_token_file" (printf "/etc/extproc/grpc-token/%s" .Values.grpcAuth.existingSecretKey) -}}
+{{- end -}}
+{{- if and (include "extproc.adminTokenSecret" .) (not (get $service "admin_token_file")) -}}
+{{- $_ := set $service "admin_token_file" (printf "/etc/extproc/admin-token/%s" .Values.adminAuth.existingSecretKey) -}}
+{{- end -}}
 {{- $_ := set $service "admin_host" (get $service "admin_host" | default "0.0.0.0") -}}
 {{- $_ := set $policy "service" $service -}}
 {{- $loopback := list "127.0.0.1" "localhost" "::1" -}}
@@ -86,6 +94,9 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- end -}}
 {{- if and (ne .Values.mode "standalone") (has $service.grpc_host $loopback) -}}
 {{- fail "policy.service.grpc_host is a loopback address: Envoy in the gateway/sidecars could not reach ext_proc; use 0.0.0.0" -}}
+{{- end -}}
+{{- if and .Values.probes.grpc (has $service.grpc_host $loopback) -}}
+{{- fail "probes.grpc: the gRPC port listens on a loopback address (standalone mode), out of the kubelet's reach; use the HTTP probes" -}}
 {{- end -}}
 {{- if eq .Values.mode "standalone" -}}
 {{- $envoy := get $policy "envoy" | default dict -}}
@@ -155,4 +166,31 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- else -}}
 {{- printf "outbound|%s||%s.%s.svc.%s" (include "extproc.grpcPort" .) (include "extproc.fullname" .) .Release.Namespace .Values.clusterDomain -}}
 {{- end -}}
+{{- end -}}
+
+{{/* Secrets holding the gRPC and admin tokens ("" = none): an existing one, or the chart's from an inline token. */}}
+{{- define "extproc.grpcTokenSecret" -}}
+{{- if .Values.grpcAuth.existingSecret -}}
+{{- .Values.grpcAuth.existingSecret -}}
+{{- else if .Values.grpcAuth.token -}}
+{{- printf "%s-grpc-token" (include "extproc.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+{{- define "extproc.adminTokenSecret" -}}
+{{- if .Values.adminAuth.existingSecret -}}
+{{- .Values.adminAuth.existingSecret -}}
+{{- else if .Values.adminAuth.token -}}
+{{- printf "%s-admin-token" (include "extproc.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The ext_proc / access-log grpc_service of the EnvoyFilter: the cluster, and the token when set. */}}
+{{- define "extproc.envoyGrpcService" -}}
+envoy_grpc:
+  cluster_name: {{ include "extproc.istioExtprocCluster" . | quote }}
+{{- with .Values.grpcAuth.token }}
+initial_metadata:
+  - key: x-extproc-token
+    value: {{ . | quote }}
+{{- end }}
 {{- end -}}

@@ -33,6 +33,14 @@ SCENARIOS: dict[str, dict[str, Any]] = {
                                     "redis": {"existingSecret": "llm-redis"}},
     "grpc-probes+fixed-replicas": {"probes": {"grpc": True}, "autoscaling": {"enabled": False},
                                    "podDisruptionBudget": {"maxUnavailable": 1}},
+    "tokens+admin-service": {"grpcAuth": {"token": "g-secret"}, "adminAuth": {"existingSecret": "llm-admin"},
+                             "service": {"exposeAdmin": True}, "redis": {"enabled": True}},
+    "standalone+token-secrets+policies-from": {
+        "mode": "standalone", "grpcAuth": {"existingSecret": "llm-grpc", "existingSecretKey": "t"},
+        "adminAuth": {"token": "a-secret"}, "networkPolicy": {
+            "adminFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+            "listenerFrom": [{"ipBlock": {"cidr": "10.0.0.0/8"}}]}},
+    "no-network-policy": {"networkPolicy": {"enabled": False}},
 }
 
 
@@ -94,10 +102,14 @@ def test_crd_schemas_reject_what_istio_would() -> None:
 
 
 def test_default_objects_per_mode(chart: Chart) -> None:
-    common = ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service", "ServiceAccount"]
+    common = ["ConfigMap", "Deployment", "HorizontalPodAutoscaler", "NetworkPolicy", "PodDisruptionBudget", "Service",
+              "ServiceAccount"]
     assert kinds(chart.template({"mode": "istio-gateway"})) == sorted([*common, "EnvoyFilter"])
     assert kinds(chart.template({"mode": "istio-sidecar"})) == sorted([*common, "EnvoyFilter"])
-    assert kinds(chart.template({"mode": "standalone"})) == sorted([*common, "Service"])
+    # Standalone: the only Service is Envoy's (the service's gRPC port stays inside the pod, admin is opt-in).
+    standalone = chart.template({"mode": "standalone"})
+    assert kinds(standalone) == sorted(common)
+    assert [o["metadata"]["name"] for o in standalone if o["kind"] == "Service"] == [f"{FULLNAME}-envoy"]
 
 
 def test_everything_on_adds_redis_servicemonitor_and_dashboard(chart: Chart) -> None:
@@ -164,14 +176,19 @@ def test_service_probes_and_ports(chart: Chart) -> None:
     assert grpc["extproc"]["readinessProbe"]["grpc"] == {"port": 9002}
     service = find(chart.template(), "Service", FULLNAME)
     assert {p["name"]: (p["port"], p.get("appProtocol")) for p in service["spec"]["ports"]} == {
-        "grpc": (9002, "grpc"), "http-admin": (9003, "http")}
+        "grpc": (9002, "grpc")}  # the admin port is not on a Service unless asked for (or scraped)
+    for values in ({"service": {"exposeAdmin": True}}, {"serviceMonitor": {"enabled": True}}):
+        ports = find(chart.template(values), "Service", FULLNAME)["spec"]["ports"]
+        assert {p["name"] for p in ports} == {"grpc", "http-admin"}
+    scraped = find(chart.template({"mode": "standalone", "serviceMonitor": {"enabled": True}}), "Service", FULLNAME)
+    assert [p["name"] for p in scraped["spec"]["ports"]] == ["http-admin"]
 
 
 def test_ports_follow_the_policy(chart: Chart) -> None:
     objects = chart.template({"policy": {"service": {"grpc_port": 7000, "admin_port": 7001}}})
     extproc = containers(find(objects, "Deployment", FULLNAME))["extproc"]
     assert {p["name"]: p["containerPort"] for p in extproc["ports"]} == {"grpc": 7000, "admin": 7001}
-    assert {p["port"] for p in find(objects, "Service", FULLNAME)["spec"]["ports"]} == {7000, 7001}
+    assert {p["port"] for p in find(objects, "Service", FULLNAME)["spec"]["ports"]} == {7000}
     cluster = find(objects, "EnvoyFilter")["spec"]["configPatches"][0]["patch"]["value"]["typed_config"]
     expected = f"outbound|7000||{FULLNAME}.{NAMESPACE}.svc.cluster.local"
     assert cluster["grpc_service"]["envoy_grpc"]["cluster_name"] == expected
@@ -219,6 +236,9 @@ def test_tenants_secret_is_mounted(chart: Chart, scenario: str, secret: str) -> 
     ({"policy": {"service": {"admin_host": "127.0.0.1"}}}, "admin_host is a loopback address"),
     ({"policy": {"service": {"grpc_host": "127.0.0.1"}}}, "grpc_host is a loopback address"),
     ({"mode": "istio-sidecar", "istio": {"sidecar": {"port": 0}}}, "istio.sidecar.port is required"),
+    ({"service": {"type": "LoadBalancer"}}, "/service/type"),  # only ClusterIP: internal ports
+    ({"mode": "standalone", "probes": {"grpc": True}}, "out of the kubelet's reach"),
+    ({"grpcAuth": {"existingSecret": "s"}}, "the EnvoyFilter must carry the token itself"),
 ])
 def test_unusable_values_fail_with_a_clear_message(chart: Chart, values: dict[str, Any], message: str) -> None:
     assert message in chart.template_error(values)
@@ -259,3 +279,58 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
     assert wanted <= used
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def ingress(policy: dict[str, Any]) -> dict[str, list[Any]]:
+    """Port name -> the peers allowed on it (an empty list: anyone)."""
+    rules = policy["spec"]["ingress"]
+    return {port["port"]: rule.get("from", []) for rule in rules for port in rule["ports"]}
+
+
+def test_network_policy_lets_only_envoy_reach_the_grpc_port(chart: Chart) -> None:
+    gateway = find(chart.template({"istio": {"envoyFilterNamespace": "istio-system"}}), "NetworkPolicy")
+    assert gateway["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "extproc"
+    assert ingress(gateway) == {"grpc": [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "istio-system"}},
+        "podSelector": {"matchLabels": {"istio": "ingressgateway"}}}]}  # admin: nobody but the node
+    sidecar_values = {"mode": "istio-sidecar", "istio": {"sidecar": {"workloadSelector": {"app": "rag"}}}}
+    sidecar = find(chart.template(sidecar_values), "NetworkPolicy")
+    assert ingress(sidecar)["grpc"][0]["podSelector"] == {"matchLabels": {"app": "rag"}}
+    assert ingress(sidecar)["grpc"][0]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": NAMESPACE}
+    standalone = chart.template(SCENARIOS["standalone+token-secrets+policies-from"])
+    rules = ingress(find(standalone, "NetworkPolicy", FULLNAME))
+    assert "grpc" not in rules  # Envoy calls 127.0.0.1 inside the pod
+    assert rules["http"] == [{"ipBlock": {"cidr": "10.0.0.0/8"}}]
+    assert rules["admin"][0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] == "monitoring"
+    assert [o for o in chart.template(SCENARIOS["no-network-policy"]) if o["kind"] == "NetworkPolicy"] == []
+
+
+def test_bundled_redis_accepts_only_the_extproc_pods(chart: Chart) -> None:
+    policy = find(chart.template({"redis": {"enabled": True}}), "NetworkPolicy", f"{FULLNAME}-redis")
+    assert policy["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "redis"
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    assert rule["from"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "extproc"
+
+
+@pytest.mark.parametrize("scenario", ["tokens+admin-service", "standalone+token-secrets+policies-from"])
+def test_token_secrets_are_mounted_where_the_policy_points(chart: Chart, scenario: str) -> None:
+    from extproc.config import parse_policy
+    from tests.helm.chart import policy_text
+
+    objects = chart.template(SCENARIOS[scenario])
+    service = parse_policy(policy_text(objects)).service
+    deployment = find(objects, "Deployment", FULLNAME)
+    volumes = {v["name"]: v["secret"]["secretName"] for v in deployment["spec"]["template"]["spec"]["volumes"]
+               if "secret" in v}
+    pod = containers(deployment)
+    for kind, path in (("grpc-token", service.grpc_token_file), ("admin-token", service.admin_token_file)):
+        mount = {m["name"]: m["mountPath"] for m in pod["extproc"]["volumeMounts"]}[kind]
+        assert path is not None and path.startswith(mount + "/")
+        secret = volumes[kind]
+        owned = {o["metadata"]["name"]: o for o in objects if o["kind"] == "Secret"}
+        if secret in owned:  # an inline token: the chart's Secret holds it under the policy's file name
+            assert path.rsplit("/", 1)[1] in owned[secret]["stringData"]
+    if "render-envoy-config" in pod:  # standalone: Envoy's files are rendered with the token in them
+        assert "grpc-token" in {m["name"] for m in pod["render-envoy-config"]["volumeMounts"]}

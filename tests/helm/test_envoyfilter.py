@@ -78,7 +78,7 @@ def test_ext_proc_is_inserted_before_the_router_as_rendered(chart: Chart, mode: 
     assert ours["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ours["processing_mode"]["response_header_mode"] == "SKIP"  # turned on per request via mode_override
     assert ours["allow_mode_override"] is True
-    assert ours["failure_mode_allow"] is expected["failure_mode_allow"] is policy.envoy.failure_mode_allow
+    assert ours["failure_mode_allow"] is expected["failure_mode_allow"] is True  # the route table fails closed
     assert ours["message_timeout"] == expected["message_timeout"]
     # Everything but the cluster is the renderer's configuration, field for field.
     assert {k: v for k, v in ours.items() if k != "grpc_service"} == \
@@ -182,18 +182,53 @@ def test_route_patches_make_the_virtualservice_route_the_rendered_routes(chart: 
     # The VirtualService's destination is replaced by the pool header; retries stay the VirtualService's.
     assert llm["route"] == {"cluster_header": expected[0]["route"]["cluster_header"],
                             "timeout": expected[0]["route"]["timeout"]}
-    if not policy.envoy.failure_mode_allow:
-        assert llm["match"] == VS_ROUTES[0]["match"] and inserted == [] and len(expected) == 1
-        return
-    # Fail open: only requests ext_proc routed (pool header present) take that route; the rest go to the
-    # fallback pool with the rendered fallback route's action.
+    # Only requests ext_proc routed (pool header present) take that route; the rest take the inserted one:
+    # the rendered unrouted route (fail closed: a 500) or fallback route (fail open).
     assert llm["match"] == {"prefix": "/v1/", "headers": expected[0]["match"]["headers"]}
     assert expected[0]["match"]["headers"] == [{"name": policy.envoy.cluster_header, "present_match": True}]
-    (fallback,) = inserted
-    assert fallback["name"] == "llm-fallback"
-    assert fallback["match"] == expected[1]["match"] == {"prefix": "/"}
-    assert fallback["route"] == expected[1]["route"]
-    assert fallback["route"]["cluster"] == policy.envoy.fallback_pool
+    (unrouted,) = inserted
+    assert unrouted["match"] == expected[1]["match"] == {"prefix": "/"}
+    if not policy.envoy.failure_mode_allow:
+        assert unrouted["name"] == "llm-unrouted"
+        assert unrouted["direct_response"] == expected[1]["direct_response"]
+        assert unrouted["response_headers_to_add"] == expected[1]["response_headers_to_add"]
+        return
+    assert unrouted["name"] == "llm-fallback"
+    assert unrouted["route"] == expected[1]["route"]
+    assert unrouted["route"]["cluster"] == policy.envoy.fallback_pool
+
+
+def test_without_the_route_guard_ext_proc_fails_as_the_policy_says(chart: Chart) -> None:
+    for istio in ({"routing": {"survivesServiceFailure": False}}, {"routing": {"routeName": ""}}):
+        objects = chart.template({"istio": istio})
+        ext_proc = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]["typed_config"]
+        assert ext_proc["failure_mode_allow"] is False
+        llm, *inserted, _ = istio_routes(objects, VS_ROUTES)
+        assert inserted == [] and "headers" not in llm["match"]
+
+
+@pytest.mark.parametrize(("policy", "timeouts"), [
+    ({"envoy": {"request_headers_timeout_s": 2.5, "request_timeout_s": 90}}, ("2.5s", "90s")),
+    ({}, ("10s", "61s")),  # unset: the longest class wait (30 s) + the message timeout (1 s) + 30 s
+    ({"flow_control": {"classes": {"slow": {"priority": 1, "max_wait_s": 120}}, "default_class": "slow"},
+      "envoy": {"message_timeout_ms": 500}}, ("10s", "150.5s")),
+    ({"flow_control": {"enabled": False}}, ("10s", "60s")),  # at least 60 s
+])
+def test_slow_client_timeouts_are_the_rendered_ones(chart: Chart, policy: dict[str, Any],
+                                                    timeouts: tuple[str, str]) -> None:
+    objects = chart.template({"policy": policy})
+    hcm = istio_hcm(objects, {})
+    expected = rendered_hcm(parse_policy(policy_text(objects)))
+    assert (hcm["request_headers_timeout"], hcm["request_timeout"]) == (
+        expected["request_headers_timeout"], expected["request_timeout"]) == timeouts
+
+
+def test_grpc_token_goes_to_ext_proc_and_the_access_log(chart: Chart) -> None:
+    objects = chart.template({"grpcAuth": {"token": "t0k3n"}})
+    expected = [{"key": "x-extproc-token", "value": "t0k3n"}]
+    ext_proc = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]["typed_config"]
+    assert ext_proc["grpc_service"]["initial_metadata"] == expected
+    assert access_logs(objects)[0]["typed_config"]["common_config"]["grpc_service"]["initial_metadata"] == expected
 
 
 def test_fallback_route_match_and_timeout_can_be_set(chart: Chart) -> None:
@@ -220,7 +255,8 @@ def test_gateway_and_sidecar_selection(chart: Chart) -> None:
 
 def test_optional_patches_can_be_turned_off(chart: Chart) -> None:
     objects = chart.template({"istio": {"patchBufferLimit": False, "accessLog": False, "usageMetadata": {"json": False},
-                                        "earlyHeaderMutation": False, "routing": {"clusters": False, "routeName": ""}}})
+                                        "earlyHeaderMutation": False, "requestTimeouts": False,
+                                        "routing": {"clusters": False, "routeName": ""}}})
     assert [p["applyTo"] for p in find(objects, "EnvoyFilter")["spec"]["configPatches"]] == ["HTTP_FILTER"] * 2
 
 

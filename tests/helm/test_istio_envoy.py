@@ -9,9 +9,12 @@ by sending our routing header.
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
@@ -78,3 +81,36 @@ async def test_without_early_header_mutation_a_client_header_picks_the_pool_whil
     steered = served_by(stack, samples, "spare")
     assert steered, "expected the client's x-gateway-pool to win while the service was down"
     assert all(1.4 < s.start_s < 4.5 for s in steered)  # only during the outage: ext_proc re-routes otherwise
+
+
+async def test_fail_closed_a_routed_stream_outlives_the_service_and_the_rest_get_500(tmp_path: Path,
+                                                                                     chart: Chart) -> None:
+    # The chart's default (istio.routing.survivesServiceFailure): ext_proc fails open, the route table closed.
+    stack = prepare(tmp_path, [MAIN, SPARE])
+    document = yaml.safe_load(stack.policy_path.read_text())
+    objects = chart.template({"mode": "istio-gateway", "policy": document})
+    (stack.envoy_dir / "bootstrap.yaml").write_text(dump(istio_shaped(objects, stack.policy)))
+    url = f"http://127.0.0.1:{stack.envoy_port}/v1/chat/completions"
+    body = {"model": "main", "messages": [{"role": "user", "content": "x"}], "max_tokens": 600, "stream": True,
+            "ignore_eos": True}
+    async with ProcessGroup(tmp_path / "logs") as group:
+        stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
+                                                ["--profile", "fast"])
+        stack.children["service"] = await start_service(group, stack)
+        stack.children["envoy"] = await start_envoy(group, stack)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            async def stream() -> tuple[int, bool, str]:
+                async with http.post(url, json=body) as response:
+                    lines = [line async for line in response.content]
+                    return (response.status, b"data: [DONE]\n" in lines,
+                            response.headers.get("x-gateway-upstream-host", ""))
+
+            running = asyncio.create_task(stream())
+            await asyncio.sleep(0.5)
+            stack.children["service"].send_signal(signal.SIGKILL)
+            status, done, host = await running
+            assert (status, done) == (200, True)
+            assert host in {f"127.0.0.1:{port}" for port in stack.sim_ports["main"]}
+            async with http.post(url, json={**body, "stream": False, "max_tokens": 4}) as response:
+                assert response.status == 500  # unrouted: the route table, not the VirtualService destination
+                assert (await response.json())["error"]["code"] == "gateway_error"

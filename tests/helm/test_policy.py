@@ -21,7 +21,9 @@ XDS_DIR = Path("/etc/envoy/xds")
 def test_policy_configmap_parses(chart: Chart, mode: str) -> None:
     policy = parse_policy(policy_text(chart.template({"mode": mode})), f"configmap ({mode})")
     assert len(policy.pools) == 2
-    assert policy.service.grpc_host == policy.service.admin_host == "0.0.0.0"
+    assert policy.service.admin_host == "0.0.0.0"
+    # Standalone: only the Envoy of the same pod calls the gRPC port.
+    assert policy.service.grpc_host == ("127.0.0.1" if mode == "standalone" else "0.0.0.0")
 
 
 def test_values_policy_is_valid_as_written() -> None:
@@ -42,7 +44,7 @@ def test_chart_defaults_are_the_schema_defaults(chart: Chart) -> None:
     assert policy.envoy == EnvoyConfig()
     ext_proc = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]["typed_config"]
     assert ext_proc["message_timeout"] == "1s"
-    assert ext_proc["failure_mode_allow"] is False
+    assert ext_proc["failure_mode_allow"] is True  # the decision survives the service; the route fails closed
     strip = http_filter_patch(objects, "envoy.filters.http.header_mutation")["patch"]["value"]["typed_config"]
     envoy, auth = EnvoyConfig(), AuthConfig()
     assert [m["remove"] for m in strip["mutations"]["request_mutations"]] == [

@@ -71,8 +71,11 @@ async def test_audit_lines_for_routed_refused_and_unauthenticated_requests(tmp_p
     text = audit.read_text()
     for key in (LABELLED, UNLABELLED, WRONG, hash_key(LABELLED), hash_key(UNLABELLED)):
         assert key not in text
-    lines = {line["request_id"]: line for line in map(json.loads, text.splitlines())}
+    # The client's x-request-id is logged as client_request_id; request_id is ours (the accounting key).
+    lines = {line["client_request_id"]: line for line in map(json.loads, text.splitlines())}
     assert set(lines) == {"r-ok", "r-stream", "r-refused", "r-denied"}
+    ours = [line["request_id"] for line in lines.values()]
+    assert len(set(ours)) == 4 and not set(ours) & set(lines)
     sims = {f"127.0.0.1:{port}" for port in stack.sim_ports["chat"]}
 
     routed = lines["r-ok"]

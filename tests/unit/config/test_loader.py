@@ -87,3 +87,25 @@ def test_unknown_plugin_type_reported_at_load_with_line() -> None:
 def test_pool_profile_must_exist() -> None:
     with pytest.raises(ConfigError, match="unknown scheduling profile"):
         parse_policy(GOOD + "    profile: fastest\n")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("service: {grpc_token_file: token.txt}\n", "must be an absolute path"),
+    ("envoy: {request_timeout_s: 20}\n", "request_timeout_s .* must exceed the longest flow_control wait"),
+    ("rollout: {fallback_route_file: /tmp/rds.yaml}\n", "needs envoy.failure_mode_allow: true"),
+    ("bounds: {max_json_containers: 1}\n", "max_json_containers"),
+])
+def test_security_settings_are_validated(text: str, message: str) -> None:
+    pools = "pools: [{name: p, model: m, endpoints: ['10.0.0.1:8000']}]\n"
+    with pytest.raises(ConfigError, match=message):
+        parse_policy(pools + text)
+
+
+def test_request_timeout_may_be_off_or_above_every_wait() -> None:
+    pools = "pools: [{name: p, model: m, endpoints: ['10.0.0.1:8000']}]\n"
+    assert parse_policy(pools).request_timeout_s() == 30 + 1 + 30  # the longest class wait + message timeout + 30 s
+    assert parse_policy(pools + "envoy: {request_timeout_s: 0}\n").request_timeout_s() == 0
+    assert parse_policy(pools + "flow_control: {enabled: false}\nenvoy: {request_timeout_s: 2}\n")
+    # Unset, it grows with the longest admission-queue wait: long waits configured before stay valid.
+    patient = "flow_control: {classes: {standard: {priority: 1, max_wait_s: 120}}, default_class: standard}\n"
+    assert parse_policy(pools + patient).request_timeout_s() == 120 + 1 + 30

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from extproc.config import parse_policy
 from extproc.gateway import RequestHead, Snapshot
-from extproc.gateway.exchange import Exchange, route_metadata, who
+from extproc.gateway.exchange import Exchange, RequestIds, route_metadata, who
 from extproc.tenants import ANONYMOUS, Tenant
 
 POOLS = "pools: [{name: chat, model: m, endpoints: ['10.0.0.1:8000']}]\n"
@@ -17,12 +17,20 @@ def exchange(policy_text: str, tenant: Tenant = ANONYMOUS, request_id: str = "")
 
 def test_who_names_only_what_is_known() -> None:
     keys = POOLS + "auth: {mode: api-key, keys_file: /dev/null}\n"
-    assert who(exchange(keys)) == {"request_id": "envoy-id"}  # not authenticated (yet): no tenant
-    assert who(exchange(POOLS)) == {"request_id": "envoy-id", "tenant": "anonymous"}  # auth none: everyone is
+    # Our id, never the client's x-request-id (the audit log takes that one from the request header).
+    assert who(exchange(keys, request_id="r0")) == {"request_id": "r0"}  # not authenticated (yet): no tenant
+    assert who(exchange(POOLS, request_id="r0")) == {"request_id": "r0", "tenant": "anonymous"}
     acme = Tenant("acme", "default", frozenset(), key="ci")
     known = exchange(keys, acme, request_id="r1")
     known.model = "chat"
     assert who(known) == {"request_id": "r1", "tenant": "acme", "key": "ci", "model": "chat"}
+
+
+def test_request_ids_are_ours_and_unique_per_process() -> None:
+    one, other = RequestIds(), RequestIds()
+    ids = {one() for _ in range(1000)}
+    assert len(ids) == 1000 and all(one.mine(i) and not other.mine(i) for i in ids)
+    assert one.replica_id != other.replica_id
 
 
 def test_route_metadata_adds_pool_and_the_raw_prompt_estimate() -> None:

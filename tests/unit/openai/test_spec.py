@@ -120,3 +120,8 @@ def test_output_cap_leaves_smaller_limits_and_embeddings_alone() -> None:
     assert cap_output_tokens(small, 64) is None
     embed = parse_request(Api.EMBEDDINGS, b'{"model": "e", "input": "x"}', max_bytes=10_000, max_depth=8)
     assert cap_output_tokens(embed, 64) is None and "max_tokens" not in embed.document
+
+
+def test_rewrite_never_fails_on_a_surrogate() -> None:
+    out = rewrite_body({"model": "a", "messages": [{"role": "user", "content": "x\ud800y"}]}, "served")
+    assert json.loads(out)["messages"][0]["content"] == "x\ud800y" and out.isascii()

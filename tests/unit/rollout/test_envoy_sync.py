@@ -69,18 +69,16 @@ def test_fallback_routes_follow_the_main_route() -> None:
     assert emb["route"]["weighted_clusters"]["clusters"] == [{"name": "emb", "weight": 100}]
     assert catch_all["match"] == {"prefix": "/"}
     assert catch_all["route"]["weighted_clusters"] == chat["route"]["weighted_clusters"]
-    assert "headers" not in base()["virtual_hosts"][0]["routes"][0]["match"]  # input untouched
+    assert len(routes_of(base())) == 2  # input untouched: pool route and the unrouted (fail-closed) route
 
 
 def test_without_a_default_the_previous_catch_all_stays_last() -> None:
     plain = render_fallback_route(base(), cluster_header="x-gateway-pool",
                                   routes=[FallbackRoute("chat", {"v1": 1.0})])
-    assert routes_of(plain)[-1] == base()["virtual_hosts"][0]["routes"][0]  # ungated main route
+    assert routes_of(plain)[-1] == base()["virtual_hosts"][0]["routes"][1]  # the rendered unrouted route
     # A base that already falls back to one pool (envoy.fallback_pool) keeps that catch-all last.
     with_pool = base()
-    main = routes_of(with_pool)[0]
-    routes_of(with_pool).append({"match": {"prefix": "/"}, "route": {"cluster": "emb", "timeout": "600s"}})
-    main["match"]["headers"] = [{"name": "x-gateway-pool", "present_match": True}]
+    routes_of(with_pool)[1] = {"match": {"prefix": "/"}, "route": {"cluster": "emb", "timeout": "600s"}}
     rendered = routes_of(render_fallback_route(with_pool, cluster_header="x-gateway-pool",
                                                routes=[FallbackRoute("chat", {"v1": 1.0})]))
     assert len(rendered) == 3 and rendered[-1]["route"]["cluster"] == "emb"

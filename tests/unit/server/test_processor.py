@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
+import grpc
+import pytest
 from envoy.config.core.v3 import base_pb2
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from grpc.aio import EOF  # type: ignore[attr-defined]
@@ -14,6 +17,8 @@ from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway import Admission, Gateway, SnapshotHolder
 from extproc.limits.memory import MemoryStore
+from extproc.limits.types import AdmitRequest, ConcurrencyLimit, TokenBudget
+from extproc.server import protocol
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.protocol import request_head
 from extproc.telemetry import GatewayMetrics
@@ -137,3 +142,68 @@ async def test_body_without_headers_and_unrequested_phases_are_answered() -> Non
                                   ext_pb.ProcessingRequest(response_trailers=ext_pb.HttpTrailers())])
     assert context.written[0].immediate_response.status.code == 400
     assert context.written[1].WhichOneof("response") == "response_trailers"
+
+
+class TokenContext(FakeContext):
+    """A fake context with call metadata; abort() raises like grpc.aio's."""
+
+    def __init__(self, messages: list[ext_pb.ProcessingRequest], metadata: tuple[tuple[str, str], ...]) -> None:
+        super().__init__(messages)
+        self.metadata = metadata
+        self.aborted: grpc.StatusCode | None = None
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        self.aborted = code
+        raise grpc.aio.AbortError()
+
+
+async def test_streams_without_the_grpc_token_are_refused_before_any_message() -> None:
+    metrics = GatewayMetrics(CollectorRegistry())
+    gateway = Gateway(SnapshotHolder(parse_policy(POLICY)), EndpointRegistry(), metrics)
+    service = ExternalProcessorService(gateway, MemoryStore(), token="t0k3n", metrics=metrics)
+    for metadata in ((), (("x-extproc-token", "wrong"),)):
+        context = TokenContext([headers_message(HEAD), body_message(CHAT)], metadata)
+        with pytest.raises(grpc.aio.AbortError):
+            await service.Process(None, context)  # type: ignore[arg-type]
+        assert context.aborted == grpc.StatusCode.UNAUTHENTICATED and context.written == []
+    good = TokenContext([headers_message(HEAD), body_message(CHAT)], (("x-extproc-token", "t0k3n"),))
+    await service.Process(None, good)  # type: ignore[arg-type]
+    assert good.written[1].WhichOneof("response") == "request_body"
+    assert metrics.refused_streams.labels("ext_proc")._value.get() == 2
+
+
+async def test_an_internal_error_answers_500_and_gives_everything_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    service, registry, store = make()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    # Fails after the decision was made (lease taken, budget reserved): the reply never reached Envoy.
+    monkeypatch.setattr(protocol, "route_response", broken)
+    context = await run(service, [headers_message(HEAD), body_message(CHAT)])
+    assert context.written[1].immediate_response.status.code == 500
+    assert registry.total_in_flight() == 0
+    # Nothing is held: the one concurrency slot is free and the budget was settled to 0.
+    probe = await store.admit(AdmitRequest("probe", time.time(), 0,
+                                           concurrency=(ConcurrencyLimit("{anonymous}:all:cc", 1),),
+                                           budgets=(TokenBudget("{anonymous}:all:tpm", 100000, 60),)))
+    assert probe.admitted
+    assert next(s for s in probe.states if s.name == "tokens").remaining == 100000
+
+
+async def test_an_error_after_the_exchange_was_served_leaves_its_charge_to_the_access_log(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    service, _, store = make()
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in the response phase")
+
+    monkeypatch.setattr(protocol, "response_headers_response", broken)
+    await run(service, [headers_message(HEAD), body_message(CHAT), status_message(200)])
+    probe = await store.admit(AdmitRequest("probe", time.time(), 0,
+                                           budgets=(TokenBudget("{anonymous}:all:tpm", 100000, 60),)))
+    # Still reserved (the model did answer): the access log's usage settles it, not a charge of 0 now.
+    assert next(s for s in probe.states if s.name == "tokens").remaining < 100000

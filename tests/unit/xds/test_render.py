@@ -1,14 +1,15 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import yaml
 
 from extproc.config import parse_policy
 from extproc.xds import render_files, render_static, write_config
+from extproc.xds.render import route_config
 
-POLICY = parse_policy("""\
-envoy: {cluster_header: x-pool, endpoint_header: x-dest, message_timeout_ms: 250, expose_upstream_host: true}
+POLICY_TEXT = """\
 bounds: {max_body_bytes: 100000}
 pools:
   - name: chat
@@ -17,7 +18,9 @@ pools:
   - name: embed
     model: e
     endpoints: ["[::1]:9000"]
-""")
+"""
+POLICY = parse_policy(POLICY_TEXT + "envoy: {cluster_header: x-pool, endpoint_header: x-dest, message_timeout_ms: 250, "
+                                    "expose_upstream_host: true}\n")
 
 
 def test_one_cluster_and_eds_file_per_pool() -> None:
@@ -56,10 +59,34 @@ def test_filter_chain_order_and_processing_mode() -> None:
     assert ext_proc["processing_mode"]["request_header_mode"] == "SEND"
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ext_proc["message_timeout"] == "0.25s"
-    assert ext_proc["failure_mode_allow"] is False
-    route = files["rds.yaml"]["resources"][0]["virtual_hosts"][0]["routes"][0]
+    # ext_proc fails open (a routed exchange outlives the service); the routes fail closed.
+    assert ext_proc["failure_mode_allow"] is True
+    route, unrouted = files["rds.yaml"]["resources"][0]["virtual_hosts"][0]["routes"]
     assert route["route"]["cluster_header"] == "x-pool"
+    assert route["match"] == {"prefix": "/", "headers": [{"name": "x-pool", "present_match": True}]}
     assert route["response_headers_to_add"][0]["header"]["key"] == "x-gateway-upstream-host"
+    assert unrouted["match"] == {"prefix": "/"} and unrouted["direct_response"]["status"] == 500
+    assert json.loads(unrouted["direct_response"]["body"]["inline_string"])["error"]["code"] == "gateway_error"
+    # The whole request: the longest admission wait (30 s) + the message timeout (0.25 s) + 30 s.
+    assert (hcm["request_headers_timeout"], hcm["request_timeout"]) == ("10s", "60.25s")
+    assert "initial_metadata" not in ext_proc["grpc_service"]
+
+
+def test_fail_open_sends_unrouted_requests_to_the_fallback_pool() -> None:
+    policy = parse_policy(POLICY_TEXT + "envoy: {failure_mode_allow: true, fallback_pool: embed}\n")
+    route, fallback = route_config(policy)["virtual_hosts"][0]["routes"]
+    assert "headers" in route["match"] and fallback["route"]["cluster"] == "embed"
+
+
+def test_grpc_token_goes_to_both_grpc_services(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    policy = parse_policy(POLICY_TEXT + f"service: {{grpc_token_file: {token}}}\n")
+    hcm = render_static(policy)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")
+    expected = [{"key": "x-extproc-token", "value": "s3cret"}]
+    assert ext_proc["typed_config"]["grpc_service"]["initial_metadata"] == expected
+    assert hcm["access_log"][0]["typed_config"]["common_config"]["grpc_service"]["initial_metadata"] == expected
 
 
 def test_static_copy_matches_dynamic_pools() -> None:
@@ -110,5 +137,7 @@ def test_audit_log_is_a_json_file_log_next_to_the_grpc_log() -> None:
     assert isinstance(config, dict) and config["path"] == "/dev/stdout"
     fields = config["log_format"]["json_format"]
     assert fields["tenant"] == "%DYNAMIC_METADATA(extproc:tenant)%"
+    assert fields["request_id"] == "%DYNAMIC_METADATA(extproc:request_id)%"  # ours, not the client's
+    assert fields["client_request_id"] == "%REQ(X-REQUEST-ID)%"
     assert fields["prompt_tokens"] == "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%"
     assert "%REQ(AUTHORIZATION)%" not in str(fields)

@@ -1,0 +1,120 @@
+"""What Envoy reports: usage tokens into dynamic metadata, the gRPC access log to our service, the audit
+file log (extproc/xds/render.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extproc.config import Policy
+from extproc.config.secrets import GRPC_TOKEN_METADATA, read_secret
+
+__all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "USAGE_NAMESPACE", "access_log", "extproc_grpc_service",
+           "usage_filters"]
+
+EXTPROC_CLUSTER = "extproc"
+_T = "type.googleapis.com/envoy."
+
+
+def extproc_grpc_service(policy: Policy) -> dict[str, Any]:
+    """Envoy's gRPC service for ext_proc and the access log: our cluster, plus the shared token when
+    `service.grpc_token_file` is set (read here, at render time)."""
+    service: dict[str, Any] = {"envoy_grpc": {"cluster_name": EXTPROC_CLUSTER}}
+    token = read_secret(policy.service.grpc_token_file)
+    if token is not None:
+        service["initial_metadata"] = [{"key": GRPC_TOKEN_METADATA, "value": token}]
+    return service
+
+
+USAGE_NAMESPACE = "extproc.usage"
+
+
+def _usage_rules() -> list[dict[str, Any]]:
+    """usage.prompt_tokens / usage.completion_tokens -> dynamic metadata `extproc.usage`."""
+    return [
+        {"selectors": [{"key": "usage"}, {"key": key}],
+         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": key, "type": "NUMBER"}}
+        for key in ("prompt_tokens", "completion_tokens")
+    ]
+
+
+def usage_filters() -> list[dict[str, Any]]:
+    """Envoy-native usage extraction: no response byte passes through Python."""
+    return [
+        {
+            "name": "envoy.filters.http.json_to_metadata",
+            "typed_config": {
+                "@type": _T + "extensions.filters.http.json_to_metadata.v3.JsonToMetadata",
+                # Any JSON media type, charset parameter or not (vLLM sends plain application/json).
+                "response_rules": {"rules": _usage_rules(), "allow_content_types_regex": {
+                    "google_re2": {}, "regex": "application/json(;.*)?"}},
+            },
+        },
+        {
+            # Work in progress upstream (Envoy 1.40): if absent, streamed usage is charged as estimated.
+            "name": "envoy.filters.http.sse_to_metadata",
+            "typed_config": {
+                "@type": _T + "extensions.filters.http.sse_to_metadata.v3.SseToMetadata",
+                "response_rules": {"content_parser": {
+                    "name": "envoy.content_parsers.json",
+                    "typed_config": {
+                        "@type": _T + "extensions.content_parsers.json.v3.JsonContentParser",
+                        "rules": [{"rule": rule} for rule in _usage_rules()],
+                    },
+                }},
+            },
+        },
+    ]
+
+
+# The audit line: field -> Envoy command operator (json_format keeps numbers numbers; absent = null).
+AUDIT_FORMAT = {
+    "time": "%START_TIME%",
+    # Our own id (never the client's): the key of the request's leases and reservation.
+    "request_id": "%DYNAMIC_METADATA(extproc:request_id)%",
+    # The client's x-request-id as sent: untrusted, a correlation hint only.
+    "client_request_id": "%REQ(X-REQUEST-ID)%",
+    "tenant": "%DYNAMIC_METADATA(extproc:tenant)%",
+    "key": "%DYNAMIC_METADATA(extproc:key)%",
+    "model": "%DYNAMIC_METADATA(extproc:model)%",
+    "pool": "%DYNAMIC_METADATA(extproc:pool)%",
+    "endpoint": "%UPSTREAM_HOST%",
+    "status": "%RESPONSE_CODE%",
+    "details": "%RESPONSE_CODE_DETAILS%",
+    "flags": "%RESPONSE_FLAGS%",
+    "prompt_tokens": "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%",
+    "completion_tokens": "%DYNAMIC_METADATA(extproc.usage:completion_tokens)%",
+    "duration_ms": "%DURATION%",
+    "upstream_first_byte_ms": "%RESPONSE_DURATION%",
+    "client": "%DOWNSTREAM_REMOTE_ADDRESS_WITHOUT_PORT%",
+    "method": "%REQ(:METHOD)%",
+    "path": "%REQ(:PATH)%",
+    "user_agent": "%REQ(USER-AGENT)%",
+}
+
+
+def access_log(policy: Policy) -> list[dict[str, Any]]:
+    """gRPC access log to our service (final status, upstream host, usage and our reservation), and the
+    audit file log when `audit.path` is set."""
+    logs: list[dict[str, Any]] = [{
+        "name": "envoy.access_loggers.http_grpc",
+        "typed_config": {
+            "@type": _T + "extensions.access_loggers.grpc.v3.HttpGrpcAccessLogConfig",
+            "common_config": {
+                "log_name": "extproc",
+                "transport_api_version": "V3",
+                "grpc_service": extproc_grpc_service(policy),
+                "buffer_flush_interval": "0.1s",
+                "buffer_size_bytes": 16384,
+            },
+        },
+    }]
+    if policy.audit.path:
+        logs.append({
+            "name": "envoy.access_loggers.file",
+            "typed_config": {
+                "@type": _T + "extensions.access_loggers.file.v3.FileAccessLog",
+                "path": policy.audit.path,
+                "log_format": {"json_format": AUDIT_FORMAT},
+            },
+        })
+    return logs
