@@ -22,7 +22,8 @@ lasts `sustain_ms` (3 scrapes or more) while running stays on a plateau, the KV 
 requests may be waiting for blocks, which the KV rule judges) and at most `BUDGET_BOUND` of the steps heavy
 (over half the largest step seen, by vllm:iteration_tokens_total: otherwise requests wait for the step's
 token budget, and more seats would not help). It is then the most requests ever seen running there, never
-less, and it grows by one request per `capacity_ttl_s` until such a queue confirms it again.
+less, and it grows by one request per `capacity_ttl_s` until such a queue confirms it again (for the top class
+only: see `LoadModel.capacity`).
 
 Stale or missing metrics (older than `scheduling.scrape.stale_after_ms`) make an endpoint's room unknown
 (None): flow control then counts its pool as having room, so missing data never stalls traffic.
@@ -133,15 +134,23 @@ class LoadModel:
         sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
         return max(metrics.running + metrics.waiting + sent_since, local)
 
-    def capacity(self, endpoint: Endpoint, now: float) -> float | None:
-        """Requests the endpoint takes before it queues them (None: no limit known)."""
+    def capacity(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:
+        """Requests the endpoint takes from a class keeping `reserve` of it free (None: no limit known).
+
+        A learned capacity grows by one request per `capacity_ttl_s` until an engine queue confirms it again,
+        for the top class only (reserve 0): only its requests probe past it, so a probe that finds the engine
+        full queues a top-class request inside the engine instead of in the service (where it would wait for
+        the same seat), while the lower classes keep their share below the confirmed capacity.
+        """
         state = endpoint.engine
-        learned = None
+        limit: float | None = None
         if state.capacity > 0:
-            learned = state.capacity + math.floor(max(0.0, now - state.confirmed_at) / self._config.capacity_ttl_s)
-        if self._seats is None:
-            return learned
-        return float(self._seats) if learned is None else min(float(self._seats), learned)
+            limit = state.capacity
+            if reserve <= 0:
+                limit += math.floor(max(0.0, now - state.confirmed_at) / self._config.capacity_ttl_s)
+        if self._seats is not None:
+            limit = float(self._seats) if limit is None else min(float(self._seats), limit)
+        return None if limit is None else math.floor(limit * (1.0 - reserve) + 1e-9)
 
     def queueing(self, endpoint: Endpoint) -> bool:
         """Whether the engine's own queue has lasted `sustain_ms` (up to its last scrape)."""
@@ -162,9 +171,9 @@ class LoadModel:
         room = math.inf
         if self.queueing(endpoint):
             room = max(0.0, 1.0 - (metrics.waiting + sent_since))
-        capacity = self.capacity(endpoint, now)
+        capacity = self.capacity(endpoint, now, reserve)
         if capacity is not None:
-            room = min(room, max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - self.requests(endpoint, now)))
+            room = min(room, max(0.0, capacity - self.requests(endpoint, now)))
         return room
 
     def saturated(self, endpoint: Endpoint, now: float) -> bool:

@@ -82,6 +82,7 @@ def test_learned_capacity_grows_one_request_per_ttl_until_confirmed_again() -> N
     lm = model()
     assert lm.capacity(ep, last) == 8
     assert lm.capacity(ep, last + 25) == 10
+    assert lm.capacity(ep, last + 25, reserve=0.25) == 6  # lower classes never probe: floor(8 x 0.75)
     queue_for(ep, last + 30, 1.2, running=9)
     assert lm.capacity(ep, last + 31.5) == 9
 
