@@ -42,6 +42,7 @@ class DnsDiscoverer:
         self._on_change = on_change
         self._resolver = resolver
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._configs: dict[str, DnsDiscovery] = {}
         self.addresses: dict[str, tuple[str, ...]] = {}
         self.failures_total = 0
 
@@ -51,10 +52,14 @@ class DnsDiscoverer:
         for name in list(self._tasks):
             if name not in wanted:
                 self._tasks.pop(name).cancel()
+                self._configs.pop(name, None)
                 self.addresses.pop(name, None)
         for name, discovery in wanted.items():
+            if self._configs.get(name) == discovery and not self._tasks[name].done():
+                continue  # unchanged: keep resolving on its own schedule
             if name in self._tasks:
                 self._tasks.pop(name).cancel()
+            self._configs[name] = discovery
             self._tasks[name] = asyncio.create_task(self._loop(name, discovery), name=f"dns-{name}")
 
     async def resolve_once(self, name: str, discovery: DnsDiscovery) -> None:
@@ -80,6 +85,7 @@ class DnsDiscoverer:
     async def stop(self) -> None:
         tasks = list(self._tasks.values())
         self._tasks.clear()
+        self._configs.clear()
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -34,71 +34,11 @@ from __future__ import annotations
 import math
 
 from extproc.config.schema import SaturationConfig
-from extproc.endpoints.registry import Endpoint, EndpointMetrics, EngineState
+from extproc.endpoints.engine import MIN_QUEUED_SCRAPES
+from extproc.endpoints.metrics import EndpointMetrics
+from extproc.endpoints.registry import Endpoint
 
-__all__ = ["BUDGET_BOUND", "KV_BOUND", "LoadModel", "observe"]
-
-# A queue run counts as a plateau of the batch when the fewest running requests in it are at least this
-# share of the most: a full batch only loses the few requests that finished in the last step.
-_PLATEAU = 0.75
-_MIN_QUEUED_SCRAPES = 3
-KV_BOUND = 0.8
-# A queue during which more than this share of the engine's steps were heavy (over half its largest step)
-# is waiting for the token budget, not for seats.
-BUDGET_BOUND = 0.75
-
-
-def observe(endpoint: Endpoint, metrics: EndpointMetrics, in_flight: int, config: SaturationConfig) -> None:
-    """Adopt one scrape: the metrics, the in-flight count it was taken at, and what it says about capacity."""
-    endpoint.metrics = metrics
-    endpoint.in_flight_at_scrape = in_flight
-    state = endpoint.engine
-    at = metrics.scraped_at
-    state.peak_running = max(state.peak_running, metrics.running)
-    steps = _step_counts(metrics, state)
-    if metrics.waiting <= 0:
-        state.queued_since = None
-        return
-    if state.queued_since is None:
-        state.queued_since = at
-        state.queued_scrapes = 0
-        state.queued_low = state.queued_high = metrics.running
-        state.queued_kv = 0.0
-        state.queued_steps = steps
-    state.queued_scrapes += 1
-    state.queued_low = min(state.queued_low, metrics.running)
-    state.queued_high = max(state.queued_high, metrics.running)
-    state.queued_kv = max(state.queued_kv, metrics.kv_usage)
-    lasted = state.queued_scrapes >= _MIN_QUEUED_SCRAPES and at - state.queued_since >= config.sustain_ms / 1000.0
-    plateau = state.queued_high > 0 and state.queued_low >= _PLATEAU * state.queued_high
-    if lasted and plateau and state.queued_kv < KV_BOUND and not _budget_bound(state.queued_steps, steps):
-        state.capacity = state.peak_running
-        state.confirmed_at = at
-
-
-def _step_counts(metrics: EndpointMetrics, state: EngineState) -> tuple[float, float] | None:
-    """(steps, heavy steps) so far by the step-size histogram; None when the engine does not export it."""
-    buckets = metrics.step_tokens_buckets
-    if not buckets:
-        return None
-    previous = 0.0
-    for bound, cumulative in buckets:
-        if math.isfinite(bound) and cumulative > previous:
-            state.step_bound = max(state.step_bound, bound)
-        previous = cumulative
-    total = buckets[-1][1]
-    light = 0.0
-    for bound, cumulative in buckets:
-        if bound > state.step_bound / 2:
-            break
-        light = cumulative
-    return total, total - light
-
-
-def _budget_bound(start: tuple[float, float] | None, now: tuple[float, float] | None) -> bool:
-    if start is None or now is None or now[0] <= start[0]:
-        return False
-    return (now[1] - start[1]) / (now[0] - start[0]) > BUDGET_BOUND
+__all__ = ["LoadModel"]
 
 
 class LoadModel:
@@ -156,7 +96,7 @@ class LoadModel:
         """Whether the engine's own queue has lasted `sustain_ms` (up to its last scrape)."""
         state = endpoint.engine
         metrics = endpoint.metrics
-        return (metrics is not None and state.queued_since is not None and state.queued_scrapes >= _MIN_QUEUED_SCRAPES
+        return (metrics is not None and state.queued_since is not None and state.queued_scrapes >= MIN_QUEUED_SCRAPES
                 and metrics.scraped_at - state.queued_since >= self._config.sustain_ms / 1000.0)
 
     def room(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:

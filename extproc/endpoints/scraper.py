@@ -1,4 +1,4 @@
-"""Poll every endpoint's vLLM /metrics and hand each good scrape to the load model (`load.observe`).
+"""Poll every endpoint's vLLM /metrics and hand each good scrape to its endpoint (`Endpoint.scraped`).
 
 One round per interval starts a scrape task for every endpoint of the registry that has none in flight, so a
 slow or hanging endpoint only skips its own rounds (bounded by the timeout) and never delays the others.
@@ -17,8 +17,7 @@ from types import TracebackType
 import aiohttp
 
 from extproc.config.schema import SaturationConfig, ScrapeConfig
-from extproc.endpoints.load import observe
-from extproc.endpoints.registry import Endpoint, EndpointMetrics, EndpointRegistry
+from extproc.endpoints.registry import Endpoint, EndpointRegistry
 from extproc.endpoints.vllm_metrics import parse_vllm_metrics
 
 __all__ = ["MAX_BODY_BYTES", "MetricsScraper", "SessionFactory", "default_session", "is_fresh"]
@@ -27,21 +26,12 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a vLLM page is ~20-60 KB; anything this large is not one
 SessionFactory = Callable[[], aiohttp.ClientSession]
-# Adopts one scrape: (endpoint, metrics, this process's in-flight count when the scrape started).
-Observe = Callable[[Endpoint, EndpointMetrics, int], None]
 
 
 def is_fresh(endpoint: Endpoint, now: float, stale_after_s: float) -> bool:
     """True when the endpoint has metrics scraped at most `stale_after_s` before `now` (same clock)."""
     metrics = endpoint.metrics
     return metrics is not None and now - metrics.scraped_at <= stale_after_s
-
-
-def _observe_with_defaults(endpoint: Endpoint, metrics: EndpointMetrics, in_flight: int) -> None:
-    observe(endpoint, metrics, in_flight, _DEFAULT_SATURATION)
-
-
-_DEFAULT_SATURATION = SaturationConfig()
 
 
 def default_session() -> aiohttp.ClientSession:
@@ -83,12 +73,13 @@ class MetricsScraper:
         session_factory: SessionFactory = default_session,
         max_body_bytes: int = MAX_BODY_BYTES,
         path: str = "/metrics",
-        observe: Observe | None = None,
+        saturation: Callable[[], SaturationConfig] = SaturationConfig,
     ) -> None:
+        """`saturation`: the current policy's rules, which each scrape is learned by."""
         self._registry = registry
         self._config = config
         self._clock = clock
-        self._observe = observe or _observe_with_defaults
+        self._saturation = saturation
         self.on_scrape: Callable[[], None] | None = None  # called after every successful scrape
         self._session_factory = session_factory
         self._max_body_bytes = max_body_bytes
@@ -183,15 +174,14 @@ class MetricsScraper:
         except Exception as exc:
             self.scrapes_total += 1
             self.failures_total += 1
-            endpoint.scrape_failures += 1
+            endpoint.scrape_failed()
             state = _failure_state(exc, self._config.timeout_ms)
             if self._failing.get(endpoint) != state:
                 self._failing[endpoint] = state
                 log.warning("metrics scrape of %s failing: %s", endpoint.address, state)
             return
         self.scrapes_total += 1
-        self._observe(endpoint, metrics, in_flight)
-        endpoint.scrape_failures = 0
+        endpoint.scraped(metrics, in_flight, self._saturation())
         if self.on_scrape is not None:
             self.on_scrape()
         if self._failing.pop(endpoint, None) is not None:

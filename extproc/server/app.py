@@ -18,10 +18,9 @@ from prometheus_client import CollectorRegistry
 
 from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
-from extproc.endpoints import EndpointRegistry, MetricsScraper
+from extproc.endpoints import Endpoint, EndpointRegistry, MetricsScraper
 from extproc.endpoints.discovery import DnsDiscoverer
-from extproc.endpoints.load import observe
-from extproc.gateway import Gateway, SnapshotHolder
+from extproc.gateway import Gateway, Parts, RuntimeHolder, build_gateway
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
 from extproc.limits.redis_store import RedisStore
@@ -56,10 +55,10 @@ class Service:
     """Everything one service process owns; built by `build_service`, run by `run`."""
 
     policy_path: Path | None
-    snapshots: SnapshotHolder
+    runtimes: RuntimeHolder
     endpoints: EndpointRegistry
     metrics: GatewayMetrics
-    gateway: Gateway
+    parts: Parts
     grpc_server: grpc.aio.Server
     health: HealthServicer
     admin_runner: web.AppRunner
@@ -77,8 +76,12 @@ class Service:
     admin_port: int = 0
     draining: bool = False
 
+    @property
+    def gateway(self) -> Gateway:
+        return self.parts.gateway
+
     async def start(self) -> None:
-        service = self.snapshots.current.policy.service
+        service = self.runtimes.current.policy.service
         self.grpc_port = self.grpc_server.add_insecure_port(f"{service.grpc_host}:{service.grpc_port}")
         await self.grpc_server.start()
         await self.admin_runner.setup()
@@ -86,7 +89,7 @@ class Service:
         await site.start()
         sockets = self.admin_runner.addresses
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
-        self.discovery.configure(self.snapshots.current.policy.pools)
+        self.discovery.configure(self.runtimes.current.policy.pools)
         await self.scraper.start()
         if self.fleet is not None:
             await self.fleet.start()
@@ -135,39 +138,43 @@ class Service:
 def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    snapshots = SnapshotHolder(policy)
     endpoints = EndpointRegistry()
-    registry.register(PoolTtftCollector(endpoints))
+    runtimes = RuntimeHolder(policy, endpoints)
+
+    def pools() -> list[tuple[str, tuple[Endpoint, ...]]]:
+        return [(pool.name, pool.endpoints) for pool in runtimes.current.pools.values()]
+
+    registry.register(PoolTtftCollector(pools))
     authenticator = Authenticator(load_keys(policy, policy_path))
     rollouts, writer = build_rollouts(policy, policy_path)
-    gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator, rollouts=rollouts)
-    discovery = DnsDiscoverer(gateway.discovered_endpoints)
-    reloader = Reloader(snapshots, gateway, rollouts, writer, metrics, discovery)
+    parts = build_gateway(runtimes, metrics, authenticator=authenticator, rollouts=rollouts)
+    gateway = parts.gateway
+    discovery = DnsDiscoverer(runtimes.discovered)
+    reloader = Reloader(runtimes, rollouts, writer, metrics, discovery)
     watcher = (PolicyWatcher(policy_path, reloader.apply, reloader.rejected, current=policy)
                if policy_path is not None else None)
-    metrics.config_version.set(snapshots.current.version)
+    metrics.config_version.set(runtimes.current.version)
     store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS)
     grpc_token = read_token(policy.service.grpc_token_file)
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store, grpc_token, metrics),
                                                      server)
-    access_log = AccessLogService(store, metrics, gateway.record_outcome, rollouts.record,
-                                  on_prompt_usage=gateway.calibration.observe, token=grpc_token,
+    access_log = AccessLogService(store, metrics, parts.outcomes, rollouts.record,
+                                  on_prompt_usage=parts.calibration.observe, token=grpc_token,
                                   decided_here=gateway.request_ids.mine)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    scraper = MetricsScraper(endpoints, policy.scheduling.scrape,
-                             observe=lambda e, m, n: observe(e, m, n, snapshots.current.policy.saturation))
-    scraper.on_scrape = gateway.flow.kick_all  # fresh metrics may show room for queued requests
-    registry.register(FlowCollector(gateway.flow))
+    scraper = MetricsScraper(endpoints, policy.scheduling.scrape, saturation=lambda: runtimes.current.policy.saturation)
+    scraper.on_scrape = parts.flow.kick_all  # fresh metrics may show room for queued requests
+    registry.register(FlowCollector(parts.flow))
     registry.register(PoolCollector(
-        endpoints, gateway.health, lambda: snapshots.current.policy.scheduling.scrape.stale_after_ms / 1000))
-    service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
+        pools, parts.health, lambda: runtimes.current.policy.scheduling.scrape.stale_after_ms / 1000))
+    service = Service(policy_path, runtimes, endpoints, metrics, parts, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
-    service.calibration_sync = build_calibration_sync(policy, gateway.calibration)
-    service.fleet = fleet = build_fleet_sync(policy, endpoints, gateway.flow.kick_all)
+    service.calibration_sync = build_calibration_sync(policy, parts.calibration)
+    service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
     if fleet is not None:
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))
         metrics.fleet_sync_failures.set_function(lambda: float(fleet.failures_total))
@@ -184,7 +191,7 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_overshoots.set_function(
             lambda: float(shared.headroom.overshoots_total if shared.headroom is not None else 0))
     service.admin_runner = web.AppRunner(
-        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts,
+        build_admin_app(registry, runtimes, service.ready, parts, rollouts,
                         read_token(policy.service.admin_token_file)), access_log=None
     )
     return service

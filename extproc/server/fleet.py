@@ -172,7 +172,7 @@ class FleetSync(ReplicaExchange):
                     totals[address] = totals.get(address, 0) + count
         self.replicas = 1 + fresh
         for endpoint in self._endpoints.endpoints():
-            endpoint.others_in_flight = totals.get(endpoint.address, 0)
+            endpoint.others(totals.get(endpoint.address, 0))
         if self._on_sync is not None:
             self._on_sync()
 

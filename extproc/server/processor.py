@@ -12,8 +12,9 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
-from extproc.gateway import Admission, Decision, Exchange, Gateway, Queued, Respond, Route, error_response
-from extproc.limits.types import Reservation, Store
+from extproc.flow import Rejected
+from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Route, Wait, error_response
+from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
@@ -29,29 +30,31 @@ _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "serv
 
 
 class StreamProcessor:
-    """Protocol state of one exchange: which phase we are in and the Exchange it belongs to."""
+    """Protocol state of one exchange: its phase, its Exchange, and the body phase while it waits on something."""
 
-    __slots__ = ("exchange", "gateway")
+    __slots__ = ("body", "exchange", "gateway")
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.exchange: Exchange | None = None
+        self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Admission | Queued | None:
+    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Wait | None:
         phase = message.WhichOneof("request")
         if phase == "request_headers":
-            exchange, reply = self.gateway.request_headers(protocol.request_head(message.request_headers))
+            exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers))
             self.exchange = exchange
             if reply is not None:
                 return protocol.immediate_response(reply)
-            if exchange.limited:
+            assert exchange.caller is not None
+            if exchange.caller.limited:
                 return protocol.CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS
             return protocol.CONTINUE_REQUEST_HEADERS
         if phase == "request_body":
             if self.exchange is None:
                 return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
-            decision = self.gateway.request_body(self.exchange, message.request_body.body)
-            return decision if isinstance(decision, (Admission, Queued)) else self.respond(decision)
+            self.body = self.gateway.body(self.exchange, message.request_body.body)
+            return self.resume(None)
         if phase == "response_headers":
             if self.exchange is None:
                 return protocol.CONTINUE_RESPONSE_HEADERS
@@ -59,6 +62,15 @@ class StreamProcessor:
             return protocol.response_headers_response(self.gateway.response_headers(self.exchange, status))
         # Trailers/bodies arrive only if Envoy is configured to send them; answer so Envoy never waits.
         return _continue_for(phase)
+
+    def resume(self, answer: AdmitResult | Rejected | None) -> ext_pb.ProcessingResponse | Wait:
+        """Continue the body phase with the answer to what it waited for: the next wait, or Envoy's reply."""
+        assert self.body is not None
+        try:
+            return self.body.send(answer)
+        except StopIteration as done:
+            self.body = None
+            return self.respond(done.value)
 
     @staticmethod
     def respond(decision: Decision) -> ext_pb.ProcessingResponse:
@@ -102,18 +114,14 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                     return
                 try:
                     response = stream.handle(message)
-                    exchange = stream.exchange
-                    if isinstance(response, Admission) and exchange is not None:
-                        # One store round trip, bounded by its deadline.
-                        result = await self._store.admit(response.request)
-                        admitted = self._gateway.admitted(exchange, result)
-                        response = admitted if isinstance(admitted, Queued) else stream.respond(admitted)
-                    if isinstance(response, Queued) and exchange is not None:
-                        # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
-                        await context.write(protocol.extend_message_timeout(response.ticket.deadline
-                                                                            - time.monotonic()))
-                        outcome = await response.ticket.wait()
-                        response = stream.respond(self._gateway.dequeued(exchange, outcome))
+                    while not isinstance(response, ext_pb.ProcessingResponse | None):
+                        if isinstance(response, AdmitRequest):
+                            # One store round trip, bounded by its deadline.
+                            response = stream.resume(await self._store.admit(response))
+                        else:
+                            # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
+                            await context.write(protocol.extend_message_timeout(response.deadline - time.monotonic()))
+                            response = stream.resume(await response.wait())
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
                     if stream.exchange is not None and message.WhichOneof("request") in _DECISION_PHASES:
@@ -123,6 +131,8 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                     await context.write(response)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
+            if stream.body is not None:
+                stream.body.close()  # the client left while the decision waited: nothing more is decided
             if stream.exchange is not None:
                 routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)

@@ -252,8 +252,7 @@ def test_render_errors_surface(chart: Chart) -> None:
 def test_dashboard_queries_use_the_service_metric_names() -> None:
     from prometheus_client import CollectorRegistry
 
-    from extproc.endpoints import EndpointRegistry
-    from extproc.endpoints.health import HealthConfig, HealthTracker
+    from extproc.endpoints.health import HealthTracker
     from extproc.flow import FlowControlConfig, FlowController, Room
     from extproc.telemetry import GatewayMetrics
     from extproc.telemetry.flow import FlowCollector
@@ -261,8 +260,8 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
 
     registry = CollectorRegistry()
     GatewayMetrics(registry)
-    registry.register(FlowCollector(FlowController(FlowControlConfig(), lambda pool, now, reserve: Room(0.0, 0))))
-    registry.register(PoolCollector(EndpointRegistry(), HealthTracker(HealthConfig()), lambda: 1.0))
+    registry.register(FlowCollector(FlowController(FlowControlConfig, lambda pool, now, reserve: Room(0.0, 0))))
+    registry.register(PoolCollector(list, HealthTracker(), lambda: 1.0))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     # Families with labels have no samples until used: derive the exported names from the family types.
     exported = {family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]}

@@ -4,7 +4,7 @@ import math
 
 from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint, EndpointMetrics
-from extproc.endpoints.load import LoadModel, observe
+from extproc.endpoints.load import LoadModel
 
 CONFIG = SaturationConfig(max_kv_utilization=0.9, sustain_ms=1000, capacity_ttl_s=10)
 
@@ -15,8 +15,8 @@ def model(seats: int | None = None, replicas: int = 1) -> LoadModel:
 
 def scrape(ep: Endpoint, at: float, running: float = 0, waiting: float = 0, kv: float = 0.1,
            steps: tuple[tuple[float, float], ...] = ()) -> None:
-    observe(ep, EndpointMetrics(scraped_at=at, running=running, waiting=waiting, kv_usage=kv,
-                                step_tokens_buckets=steps), ep.in_flight, CONFIG)
+    ep.scraped(EndpointMetrics(scraped_at=at, running=running, waiting=waiting, kv_usage=kv,
+                               step_tokens_buckets=steps), ep.in_flight, CONFIG)
 
 
 def queue_for(ep: Endpoint, start: float, seconds: float, running: float, waiting: float = 2,
