@@ -27,7 +27,7 @@ from typing import Any
 
 import aiohttp
 
-from extproc.bench.limits import ADMISSION_PATHS, DEGRADED, OVERSHOOTS
+from extproc.bench.limits import ADMISSION_PATHS, DEGRADED, UNCOVERED
 from extproc.bench.procs import ProcessGroup, metric_sums, start_redis
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import SimPool, free_ports, launch
@@ -95,13 +95,13 @@ async def _variant(args: argparse.Namespace, cap: bool, calibrate: bool) -> dict
             await asyncio.sleep(0.5 if args.service_replicas == 1 else 4.5)
             replies = await asyncio.gather(*[send(_body(i, args.cap if cap else None), "burst", "default")
                                              for i in range(args.requests)])
-        counts = await metric_sums(stack.admin_urls, [DEGRADED, *ADMISSION_PATHS, OVERSHOOTS])
+        counts = await metric_sums(stack.admin_urls, [DEGRADED, *ADMISSION_PATHS, UNCOVERED])
     admitted = [body for status, body in replies if status == 200]
     used = sum(int(body["usage"]["total_tokens"]) for body in admitted)
     return {"admitted": len(admitted), "refused": sum(1 for status, _ in replies if status == 429),
             "tokens_used": used, "percent_of_budget": round(100 * used / args.budget, 1),
-            "optimistic": int(counts[ADMISSION_PATHS[0]]), "awaited": int(counts[ADMISSION_PATHS[1]]),
-            "decided_locally": int(counts[DEGRADED]), "overshoots": int(counts[OVERSHOOTS]), "workdir": str(workdir)}
+            "slice": int(counts[ADMISSION_PATHS[0]]), "awaited": int(counts[ADMISSION_PATHS[1]]),
+            "decided_locally": int(counts[DEGRADED]), "uncovered": int(counts[UNCOVERED]), "workdir": str(workdir)}
 
 
 async def run_burst(args: argparse.Namespace) -> int:
@@ -117,7 +117,7 @@ async def run_burst(args: argparse.Namespace) -> int:
     rows = [{"variant": name, **{k: v for k, v in r.items() if k != "workdir"}} for name, r in results.items()]
     columns = ["variant", "admitted", "refused", "tokens_used", "percent_of_budget"]
     if args.service_replicas > 1:
-        columns += ["optimistic", "awaited", "decided_locally", "overshoots"]
+        columns += ["slice", "awaited", "decided_locally", "uncovered"]
     print(format_table(rows, columns))
     path = write_json(args.json, {"budget": args.budget, "requests": args.requests, "cap": args.cap,
                                   "warmup": args.warmup, "replicas": args.replicas,

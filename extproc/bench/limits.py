@@ -28,8 +28,8 @@ from extproc.tenants import hash_key
 
 # Service metrics the limits benchmarks report (samples as /metrics exposes them).
 DEGRADED = "extproc_limits_degraded_admits"
-ADMISSION_PATHS = ('extproc_limits_admissions{path="optimistic"}', 'extproc_limits_admissions{path="awaited"}')
-OVERSHOOTS = "extproc_limits_optimistic_overshoots"
+ADMISSION_PATHS = ('extproc_limits_admissions{path="slice"}', 'extproc_limits_admissions{path="awaited"}')
+UNCOVERED = "extproc_limits_slice_uncovered"
 
 POOL = SimPool("chat", "org/chat-8b", 4, aliases=("chat",))
 
@@ -119,11 +119,11 @@ async def run_limits(args: argparse.Namespace) -> int:
                           seed=3, timeout_s=30),
         )
         report["cpu_seconds"] = group.cpu_seconds()
-        counts = await metric_sums(stack.admin_urls, [DEGRADED, *ADMISSION_PATHS, OVERSHOOTS])
+        counts = await metric_sums(stack.admin_urls, [DEGRADED, *ADMISSION_PATHS, UNCOVERED])
         report["degraded_admits"] = int(counts[DEGRADED])
-        report["admissions"] = {path: int(counts[name]) for path, name in zip(("optimistic", "awaited"),
+        report["admissions"] = {path: int(counts[name]) for path, name in zip(("slice", "awaited"),
                                                                                ADMISSION_PATHS, strict=True)}
-        report["optimistic_overshoots"] = int(counts[OVERSHOOTS])
+        report["slice_uncovered"] = int(counts[UNCOVERED])
     usage = minute_usage(heavy, started_wall)
     # The run starts just after a minute boundary: that minute counts as whole if under a second was missed.
     first = int(started_wall // 60) if started_wall % 60 < 1.0 else math.ceil(started_wall / 60)
@@ -142,8 +142,8 @@ async def run_limits(args: argparse.Namespace) -> int:
     print(format_table(rows, ["minute", "tokens", "share of limit"]))
     base, load = report["light_baseline"]["e2e_ms"], report["light_under_overload"]["e2e_ms"]
     print(f"admissions decided locally while Redis missed its deadline: {report['degraded_admits']}; "
-          f"through Redis: {report['admissions']} (optimistic ones Redis would have refused: "
-          f"{report['optimistic_overshoots']})")
+          f"through Redis: {report['admissions']} (from a slice Redis no longer held: "
+          f"{report['slice_uncovered']})")
     print(f"light tenants e2e p50/p99: {base['p50']}/{base['p99']} ms alone, {load['p50']}/{load['p99']} ms "
           f"with the heavy tenant; heavy: {report['heavy']}")
     path = write_json(args.json, report)

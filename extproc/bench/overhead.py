@@ -65,8 +65,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-chars", type=int, default=0,
                         help="prompt length in characters (prose with one e-mail address per ~1 KiB); "
                              "default 0: the short prompt 'Say ok.'")
-    parser.add_argument("--optimistic", choices=["on", "off"], default="on",
-                        help="with --store redis: limits.optimistic_admission (default on; off = every admission "
+    parser.add_argument("--slices", choices=["on", "off"], default="on",
+                        help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
 
 
@@ -134,7 +134,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         policy_doc["tiers"] = {"default": {"limits": {"requests_per_s": 1e6, "concurrency": 100_000,
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
         policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
-                                "optimistic_admission": args.optimistic == "on"}
+                                "slices": args.slices == "on"}
     if args.guard == "builtin":
         policy_doc["guard"] = {"rules": _guard_rules()}
     _spec = _request_spec(args.prompt_chars)
@@ -145,7 +145,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
     envoy_config = workdir / "envoy.yaml"
     envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
     variants = {"with_extproc": gw_port, "envoy_only": bare_port}
-    report: dict[str, Any] = {"store": args.store, "optimistic": args.optimistic, "guard": args.guard,
+    report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
                               "prompt_chars": args.prompt_chars, "rate": args.rate,
                               "duration_s": args.duration, "rounds": args.rounds,
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
@@ -203,7 +203,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         report["max_throughput"] = maximum
         if args.store == "redis":
             counts = await metric_sums([f"http://127.0.0.1:{admin_port}"], [*ADMISSION_PATHS, DEGRADED])
-            report["admissions"] = {path: int(counts[name]) for path, name in zip(("optimistic", "awaited"),
+            report["admissions"] = {path: int(counts[name]) for path, name in zip(("slice", "awaited"),
                                                                                   ADMISSION_PATHS, strict=True)}
             report["degraded_admits"] = int(counts[DEGRADED])
     rows = [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],

@@ -208,12 +208,12 @@ class LimitsConfig(_Strict):
     # from the access log (extproc/gateway/calibration.py); false = the raw estimate.
     calibrate_prompt_tokens: bool = True
     lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
-    # Redis: admit without waiting for the store while its last reply (at most optimistic_max_age_ms
-    # old) left room for the request within this replica's share; near a limit, wait for Redis.
-    optimistic_admission: bool = True
-    optimistic_max_age_ms: float = Field(default=500.0, gt=0, le=60_000)
-    # Service replicas sharing the store (their share of a limit when deciding alone: fail-open and
-    # optimistic admission); default the number of envoy.extproc_endpoints (at least 1).
+    # Redis: each replica admits without waiting within its slices of the busy limits (leased from Redis,
+    # sized by its demand, none near a limit); false = every admission waits for Redis's decision.
+    slices: bool = True
+    slice_ttl_ms: float = Field(default=1000.0, ge=50, le=60_000, description="a slice's lifetime")
+    # Service replicas sharing the store (their share of a limit when deciding alone: fail-open);
+    # default the number of envoy.extproc_endpoints (at least 1).
     replicas: int | None = Field(default=None, ge=1, le=10_000)
 
     @model_validator(mode="after")

@@ -2,7 +2,8 @@
 
 The Lua script in `_lua.py` mirrors the arithmetic here operation for operation (IEEE doubles on
 both sides, the same order of operations), and the contract tests run the same cases against both.
-`verdict` turns per-dimension checks into an `AdmitResult` the same way for both stores.
+`verdict` turns per-dimension checks into an `AdmitResult` the same way for both stores. What other
+replicas hold as slices (`Observed.claimed`, see `extproc.limits.slices`) counts as used.
 """
 
 from __future__ import annotations
@@ -200,8 +201,10 @@ class Observed:
     leases_earliest: Sequence[float | None]  # per concurrency limit: earliest expiry after the decision
     windows: Sequence[tuple[float, float]]  # per budget: (previous, current) window before the decision
     # Per budget (or empty: none): an extra bound on the tokens this admission may take, valid until
-    # the end of the current window (the fail-open fallback's view of what the shared store had left).
+    # the end of the current window (the fail-open fallback's share of what the shared store had left).
     caps: Sequence[float | None] = ()
+    # Per dimension in request order (or empty: none): units other replicas hold as slices.
+    claimed: Sequence[float] = ()
 
 
 def bucket_admits(level: float) -> bool:
@@ -224,19 +227,23 @@ def decide(request: AdmitRequest, seen: Observed) -> AdmitResult:
     retries at the end of the current window (the cap ends there); its remaining is the lower of the
     two bounds."""
     now, tokens, admitted = request.now, max(0, request.tokens), seen.admitted
+    claimed = iter(seen.claimed or [0.0] * (len(request.rates) + len(request.concurrency) + len(request.budgets)))
     checks: list[Check] = []
-    for rate, level in zip(request.rates, seen.levels, strict=True):
+    for rate, held in zip(request.rates, seen.levels, strict=True):
+        level = held - next(claimed)
         ok = bucket_admits(level)
         after = level - 1.0 if admitted else level
         checks.append(Check("requests", rate.key, float(rate.burst), ok, False,
                             0.0 if ok else bucket_retry_s(level, rate.rate),
                             float(math.floor(after + EPSILON)), bucket_reset_s(after, rate.rate, rate.burst)))
-    for conc, ok, live, earliest in zip(request.concurrency, seen.leases_ok, seen.leases_live, seen.leases_earliest,
-                                        strict=True):
+    for conc, ok, leases, earliest in zip(request.concurrency, seen.leases_ok, seen.leases_live, seen.leases_earliest,
+                                          strict=True):
+        live = leases + next(claimed)
         wait = concurrency_retry_s(earliest, now)
         checks.append(Check("concurrency", conc.key, float(conc.limit), ok, False, 0.0 if ok else wait,
                             float(conc.limit - live), wait if live else 0.0))
-    for i, (budget, (previous, current)) in enumerate(zip(request.budgets, seen.windows, strict=True)):
+    for i, (budget, (previous, counted)) in enumerate(zip(request.budgets, seen.windows, strict=True)):
+        current = counted + next(claimed)
         index = window_index(now, budget.window_s)
         cap = seen.caps[i] if seen.caps else None
         big = tokens > budget.limit

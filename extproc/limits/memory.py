@@ -29,8 +29,7 @@ Token budgets (`TokenBudget`, "tokens" per minute, "tokens-day" per day, "tokens
     admission records the reserved tokens under the request_id (a pending marker living as long as
     the charged windows count); `settle` applies only while the marker exists and deletes it. So
     memory holds only unsettled reservations, and a second settle, or a settle of something never
-    admitted, changes nothing. `charge` adds tokens to given windows (clamped at 0), skipping
-    windows that no longer count.
+    admitted, changes nothing.
 
 The decision
     All-or-nothing: a refused admission changes nothing (no token, no lease, no reservation).
@@ -66,7 +65,6 @@ from extproc.limits.types import (
     RateLimit,
     Reservation,
     TokenBudget,
-    WindowCharge,
 )
 
 __all__ = ["MemoryStore"]
@@ -107,9 +105,6 @@ class MemoryStore:
 
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         self.settle_now(reservation, actual_tokens, now)
-
-    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
-        self.charge_now(charges, now)
 
     async def close(self) -> None:
         return None
@@ -163,14 +158,6 @@ class MemoryStore:
             slot = (budget.key, budget.window_s, charged)
             self._windows[slot] = max(0, self._windows.get(slot, 0) + delta)
         return delta
-
-    def charge_now(self, charges: Sequence[WindowCharge], now: float) -> None:
-        self._maybe_sweep(now)
-        for charge in charges:
-            if charge.index < window_index(now, charge.window_s) - 1:
-                continue  # that window no longer counts
-            slot = (charge.key, charge.window_s, charge.index)
-            self._windows[slot] = max(0, self._windows.get(slot, 0) + charge.tokens)
 
     # --- dimensions -----------------------------------------------------------------------------
 

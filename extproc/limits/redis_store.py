@@ -6,14 +6,14 @@ every dimension atomically, so N replicas can never jointly overshoot a limit. `
 concurrency key) and `settle` (one script) are posted: written to the connection without waiting
 for the reply (`extproc.limits.resp`), since nobody waits on them; an error reply or a connection
 lost before the reply counts in `posted_failures` and calls `on_posted_failure(op, reason)`.
-`ping()` waits for every call posted before it (one connection, replies in order). `charge` adds
-tokens decided elsewhere (fail-open admissions, replayed by the failover layer) to the windows.
+`ping()` waits for every call posted before it (one connection, replies in order).
 
 Keys (`prefix` defaults to "lim:"; every key expires on its own):
     <prefix><rate.key>:rb                   token bucket hash {t, s}; TTL 2 x time to refill from empty
     <prefix><conc.key>:cc                   lease ZSET request_id -> expiry; TTL lease_ttl_s
     <prefix><budget.key>:tw<W>:<index>      window counter; TTL to the end of the next window (<= 2W + 1 s)
     <prefix><budgets[0].key>:res:<id>       pending reservation (reserved tokens) until settled
+    <prefix><key>:sl                        slices of that limit: replica -> "units expiry want"
     <prefix><first key>:x:<id>              tombstone of an abandoned admission (60 s, see below)
 Times stored are the callers' `now` (wall clock), so replicas' clocks should agree to well under a
 window; a bucket never refills backwards when one replica lags.
@@ -33,10 +33,10 @@ returns its reserved tokens. Without it every timed-out admission would leak a l
 and its reservation. A bucket token it may have taken is not refunded (the bucket refills). A
 request_id cancelled this way is refused ("cancelled") if admitted again within those 60 s.
 
-Optimistic admission (`headroom`, on by default from the policy): while the store's last replies for
-every key of a request leave room for it (share x remaining, see `extproc.limits.headroom`), `admit`
-posts the script with force=1 and returns at once with estimated states; the reply updates the
-reports. Otherwise (near a limit, no recent reply) it waits for the store's decision as above.
+Slices (`slices`, on by default from the policy; see `extproc.limits.slices` and the README): a
+request that fits this replica's slices is admitted without waiting and recorded in Redis by a posted
+ADMIT (forced: it takes every dimension and consumes the claims); any other waits for one ADMIT, which
+decides it and renews the slices.
 
 Availability: one pipelined connection per store (`extproc.limits.resp`); every awaited call gets
 `timeout_ms` (waiting for a connect included; admissions `admit_timeout_ms`), no client retries.
@@ -57,9 +57,9 @@ from functools import partial
 
 from extproc.limits import _lua
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
-from extproc.limits.headroom import Headroom
 from extproc.limits.resp import Address, Arg, RespClient, Script
-from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable, WindowCharge
+from extproc.limits.slices import KEEP, Slices
+from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable
 
 __all__ = ["CANCELLED", "RedisStore", "hash_tag"]
 
@@ -92,18 +92,17 @@ class RedisStore:
     ADMIT = Script(_lua.ADMIT)
     SETTLE = Script(_lua.SETTLE)
     CANCEL = Script(_lua.CANCEL)
-    CHARGE = Script(_lua.CHARGE)
-    SCRIPTS = (ADMIT, SETTLE, CANCEL, CHARGE)
+    SCRIPTS = (ADMIT, SETTLE, CANCEL)
 
     def __init__(self, url: str, *, timeout_ms: float = 50.0, admit_timeout_ms: float | None = None,
                  prefix: str = "lim:", ssl_ca_certs: str | None = None, ssl_certfile: str | None = None,
                  ssl_keyfile: str | None = None, require_hash_tag: bool = False,
-                 headroom: Headroom | None = None) -> None:
+                 slices: Slices | None = None) -> None:
         """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
         awaited call (waiting for a connect included); `admit_timeout_ms` (default the same) bounds
         admissions: give it the failover's decision deadline (and the failover none of its own), so
-        that a reply read in the loop iteration where the deadline passes still counts. `headroom`:
-        admit without waiting while the store's last replies leave room (`extproc.limits.headroom`)."""
+        that a reply read in the loop iteration where the deadline passes still counts. `slices`: admit
+        without waiting within this replica's slices."""
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain a hash tag")
         self._timeout_s = timeout_ms / 1000.0
@@ -113,21 +112,10 @@ class RedisStore:
         address = Address.from_url(url, ssl_ca_certs=ssl_ca_certs, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
         self._client = RespClient(address, timeout_s=self._timeout_s, scripts=self.SCRIPTS,
                                   on_posted_failure=self._posted_failed)
-        self._cancelling: set[asyncio.Task[None]] = set()
+        self._cancelling: dict[AdmitRequest, asyncio.Task[None]] = {}
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
         self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call
-        self.headroom = headroom
-        self._awaited_plain = 0  # admissions without a headroom (all of them wait for Redis)
-
-    @property
-    def optimistic_total(self) -> int:
-        """Admissions sent without waiting for Redis (the headroom counts them)."""
-        return self.headroom.optimistic_total if self.headroom is not None else 0
-
-    @property
-    def awaited_total(self) -> int:
-        """Admissions that waited for Redis's decision."""
-        return self.headroom.awaited_total if self.headroom is not None else self._awaited_plain
+        self.slices = slices
 
     @property
     def cancelling(self) -> int:
@@ -136,89 +124,115 @@ class RedisStore:
 
     @property
     def posted_failures(self) -> dict[str, int]:
-        """Posted calls (release, settle) that failed, by operation."""
+        """Posted calls (release, settle, recordings) that failed, by operation."""
         return dict(self._client.posted_failures)
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         if not (request.rates or request.concurrency or request.budgets):
             return AdmitResult(admitted=True)
+        seq, local = self.slices.take(request) if self.slices is not None else (0, None)
+        if local is not None:
+            await self._record(request, seq)
+            return local
+        return await self._decide(request, seq)
+
+    async def admit_local(self, request: AdmitRequest) -> AdmitResult | None:
+        """The admission from this replica's slices, recorded without waiting; None if it does not fit
+        (the failover layer asks this while Redis is marked down)."""
+        if self.slices is None:
+            return None
+        seq, local = self.slices.take(request)
+        if local is not None:
+            try:
+                await self._record(request, seq)
+            except StoreUnavailable as exc:  # the claim covers it; Redis will not see the recording
+                self._posted_failed("record", str(exc))
+        return local
+
+    def fail_open_caps(self, request: AdmitRequest, share: float) -> tuple[float | None, ...]:
+        """Per budget, what a replica deciding alone may still admit (see `Slices.caps`)."""
+        return self.slices.caps(request, share) if self.slices is not None else ()
+
+    def admitted_alone(self, request: AdmitRequest) -> None:
+        if self.slices is not None:
+            self.slices.admitted_alone(request)
+
+    async def _decide(self, request: AdmitRequest, seq: int) -> AdmitResult:
+        slices = self.slices
+        wants = slices.wants(request) if slices is not None else None
+        keys, args = self._admit_call(request, wants, forced=False)
+        try:
+            reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args, self._admit_timeout_s)
+        except (StoreUnavailable, asyncio.CancelledError):
+            if slices is not None and wants is not None:
+                slices.failed(request, wants)
+            self._abandon(request)
+            raise
+        if int(reply[0]) < 0:
+            if slices is not None and wants is not None:
+                slices.failed(request, wants)
+            return AdmitResult(admitted=False, refused_by=CANCELLED, retry_after_s=_TOMBSTONE_TTL_S)
+        seen, claims = _parse(reply, request)
+        result = decide(request, seen)
+        if slices is not None and wants is not None:
+            slices.replied(request, seq, wants, result.states, claims)
+        return result
+
+    async def _record(self, request: AdmitRequest, seq: int) -> None:
+        """Post the admission of a request admitted from the slices (forced: it takes every dimension)."""
+        keys, args = self._admit_call(request, None, forced=True)
+        await self._client.post_evalsha("record", self.ADMIT, keys, args,
+                                        on_reply=partial(self._recorded, request, seq))
+
+    def _recorded(self, request: AdmitRequest, seq: int, reply: object) -> None:
+        if self.slices is None or not isinstance(reply, list) or int(reply[0]) < 0:
+            return  # failed (counted as a posted failure) or cancelled: nothing learned
+        seen, claims = _parse(reply, request)
+        taken = decide(request, dataclasses.replace(seen, admitted=True))  # the state after taking it
+        self.slices.replied(request, seq, None, taken.states, claims)
+
+    def _admit_call(self, request: AdmitRequest, wants: Sequence[int] | None, forced: bool
+                    ) -> tuple[list[Arg], list[Arg]]:
+        """KEYS and ARGV of the ADMIT script for `request` (see `extproc.limits._lua`)."""
         now, p = request.now, self._prefix
-        tokens = max(0, request.tokens)
         if self._require_hash_tag:
             self._check_slot([r.key for r in request.rates] + [c.key for c in request.concurrency]
                              + [b.key for b in request.budgets])
+        slices = self.slices
+        want = iter(wants if wants is not None else ())
+        keep = str(KEEP)
         keys: list[Arg] = [f"{p}{r.key}:rb" for r in request.rates]
         keys += [f"{p}{c.key}:cc" for c in request.concurrency]
-        args: list[Arg] = [repr(float(now)), tokens, request.request_id, len(request.rates),
-                           len(request.concurrency), len(request.budgets), repr(EPSILON), "0"]
+        args: list[Arg] = [repr(float(now)), max(0, request.tokens), request.request_id, len(request.rates),
+                           len(request.concurrency), len(request.budgets), repr(EPSILON), "1" if forced else "0",
+                           slices.replica if slices is not None else "", repr(slices.ttl_s if slices else 1.0)]
         for r in request.rates:
-            args += [repr(float(r.rate)), repr(float(r.burst)), _ms(bucket_ttl_s(r.rate, r.burst))]
+            args += [repr(float(r.rate)), repr(float(r.burst)), _ms(bucket_ttl_s(r.rate, r.burst)), next(want, keep)]
         for c in request.concurrency:
-            args += [c.limit, repr(float(c.lease_ttl_s)), _ms(c.lease_ttl_s)]
+            args += [c.limit, repr(float(c.lease_ttl_s)), _ms(c.lease_ttl_s), next(want, keep)]
         marker_ttl = 0.0
         for b in request.budgets:
             index = window_index(now, b.window_s)
             keys += [f"{p}{b.key}:tw{b.window_s}:{index}", f"{p}{b.key}:tw{b.window_s}:{index - 1}"]
             ttl = window_ttl_s(index, b.window_s, now)
             marker_ttl = max(marker_ttl, ttl)
-            args += [b.limit, b.window_s, index, _ms(ttl)]
+            args += [b.limit, b.window_s, index, _ms(ttl), next(want, keep)]
+        keys += [f"{p}{r.key}:sl" for r in request.rates]
+        keys += [f"{p}{c.key}:sl" for c in request.concurrency]
+        keys += [f"{p}{b.key}:sl" for b in request.budgets]
         if request.budgets:
             keys.append(self._marker(request.budgets[0].key, request.request_id))
             args.append(_ms(marker_ttl))
         keys.append(self._tombstone(request))
-        headroom = self.headroom
-        if headroom is None:
-            self._awaited_plain += 1
-            return await self._admit(request, keys, args)
-        seq, optimistic = headroom.take(request)
-        if optimistic is None:
-            try:
-                result = await self._admit(request, keys, args)
-            except BaseException:
-                headroom.replied(request, seq, None)
-                raise
-            headroom.replied(request, seq, result.states if result.refused_by != CANCELLED else None)
-            return result
-        args[7] = "1"  # force: the request is admitted already
-        try:
-            await self._client.post_evalsha("admit", self.ADMIT, keys, args,
-                                            on_reply=partial(self._forced_reply, headroom, request, seq))
-        except BaseException:
-            headroom.replied(request, seq, None)
-            raise
-        return optimistic
-
-    async def _admit(self, request: AdmitRequest, keys: list[Arg], args: list[Arg]) -> AdmitResult:
-        try:
-            reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args, self._admit_timeout_s)
-        except (StoreUnavailable, asyncio.CancelledError):
-            self._abandon(request)
-            raise
-        if int(reply[0]) < 0:
-            return AdmitResult(admitted=False, refused_by=CANCELLED, retry_after_s=_TOMBSTONE_TTL_S)
-        return decide(request, _parse(reply, len(request.rates), len(request.concurrency), len(request.budgets)))
-
-    @staticmethod
-    def _forced_reply(headroom: Headroom, request: AdmitRequest, seq: int, reply: object) -> None:
-        """The reply of an optimistic (forced) admission: the newest report of its keys."""
-        if isinstance(reply, StoreUnavailable) or not isinstance(reply, list) or int(reply[0]) < 0:
-            headroom.replied(request, seq, None)
-            return
-        seen = _parse(reply, len(request.rates), len(request.concurrency), len(request.budgets))
-        taken = decide(request, dataclasses.replace(seen, admitted=True))  # the state after taking it
-        headroom.replied(request, seq, taken.states, overshoot=not seen.admitted)
+        return keys, args
 
     async def release(self, reservation: Reservation, now: float) -> None:
-        if self.headroom is not None:
-            self.headroom.released(reservation)
         for c in reservation.concurrency:
             await self._client.post("release", "ZREM", f"{self._prefix}{c.key}:cc", reservation.request_id)
 
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         if not reservation.budgets:
             return
-        if self.headroom is not None:
-            self.headroom.settled(reservation, actual_tokens)
         keys: list[Arg] = [self._marker(reservation.budgets[0].key, reservation.request_id)]
         args: list[Arg] = [max(0, actual_tokens)]
         for b in reservation.budgets:
@@ -228,17 +242,6 @@ class RedisStore:
             keys.append(f"{self._prefix}{b.key}:tw{b.window_s}:{charged}")
             args.append(_ms(window_ttl_s(charged, b.window_s, now)))
         await self._client.post_evalsha("settle", self.SETTLE, keys, args)
-
-    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
-        """Add tokens to budget windows (one script call per hash tag, for Redis Cluster)."""
-        by_tag: dict[str | None, tuple[list[Arg], list[Arg]]] = {}
-        for c in charges:
-            if c.index < window_index(now, c.window_s) - 1:
-                continue  # that window no longer counts
-            keys, args = by_tag.setdefault(hash_tag(c.key), ([], []))
-            keys.append(f"{self._prefix}{c.key}:tw{c.window_s}:{c.index}")
-            args += [c.tokens, _ms(window_ttl_s(c.index, c.window_s, now))]
-        await asyncio.gather(*(self._client.evalsha(self.CHARGE, keys, args) for keys, args in by_tag.values()))
 
     async def ping(self) -> None:
         """One round trip; it also waits for every call posted before it."""
@@ -255,9 +258,9 @@ class RedisStore:
             raise StoreUnavailable("redis: warm-up took longer than its allowance") from exc
 
     async def close(self) -> None:
-        for task in list(self._cancelling):
+        for task in list(self._cancelling.values()):
             task.cancel()
-        await asyncio.gather(*self._cancelling, return_exceptions=True)
+        await asyncio.gather(*self._cancelling.values(), return_exceptions=True)
         await self._client.close()
 
     def _posted_failed(self, op: str, reason: str) -> None:
@@ -274,13 +277,21 @@ class RedisStore:
 
     # --- undoing abandoned admissions -----------------------------------------------------------
 
+    def keep(self, request: AdmitRequest) -> None:
+        """Do not undo the admission of `request` that just timed out: the caller admitted it anyway, and
+        Redis, when it runs the admission, counts it (unless it refuses it: then it is over a limit)."""
+        task = self._cancelling.pop(request, None)
+        if task is not None:
+            task.cancel()  # before its first step: the undo is never sent
+
     def _abandon(self, request: AdmitRequest) -> None:
         if len(self._cancelling) >= _MAX_PENDING_CANCELS:
             self.cancel_failures_total += 1
             return
         task = asyncio.get_running_loop().create_task(self._cancel_with_retries(request))
-        self._cancelling.add(task)
-        task.add_done_callback(self._cancelling.discard)
+        self._cancelling[request] = task
+        task.add_done_callback(lambda done: self._cancelling.pop(request, None) if self._cancelling.get(request)
+                               is done else None)
 
     async def _cancel_with_retries(self, request: AdmitRequest) -> None:
         p = self._prefix
@@ -306,7 +317,9 @@ class RedisStore:
             raise ValueError(f"keys of one request must share one hash tag for Redis Cluster: {list(keys)}")
 
 
-def _parse(reply: list[bytes | int], n_rates: int, n_conc: int, n_budgets: int) -> Observed:
+def _parse(reply: list[bytes | int], request: AdmitRequest) -> tuple[Observed, list[tuple[float, int]]]:
+    """The ADMIT reply: what Redis saw and did, and per dimension (units claimed, units granted or covered)."""
+    n_rates, n_conc, n_budgets = len(request.rates), len(request.concurrency), len(request.budgets)
     at = 1
     levels = [float(reply[at + i]) for i in range(n_rates)]
     at += n_rates
@@ -320,4 +333,8 @@ def _parse(reply: list[bytes | int], n_rates: int, n_conc: int, n_budgets: int) 
         earliest.append(float(first) if first not in (b"", "") else None)
         at += 3
     windows = [(float(reply[at + 2 * b]), float(reply[at + 2 * b + 1])) for b in range(n_budgets)]
-    return Observed(int(reply[0]) == 1, levels, leases_ok, live, earliest, windows)
+    at += 2 * n_budgets
+    claims = [(float(reply[at + 2 * d]), int(reply[at + 2 * d + 1])) for d in range(n_rates + n_conc + n_budgets)]
+    seen = Observed(int(reply[0]) == 1, levels, leases_ok, live, earliest, windows,
+                    claimed=[claimed for claimed, _ in claims])
+    return seen, claims

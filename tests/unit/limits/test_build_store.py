@@ -41,24 +41,22 @@ async def test_redis_behind_a_failover_with_this_replicas_share(monkeypatch: pyt
         await store.close()
 
 
-@pytest.mark.parametrize(("limits", "endpoints", "share"), [
-    ({}, ["127.0.0.1:1001", "127.0.0.1:1002"], 0.25),  # half of a share per ext_proc endpoint
-    ({"replicas": 4}, ["127.0.0.1:1001"], 0.125),  # replicas given (e.g. a Deployment behind one Service)
-    ({"optimistic_admission": False}, [], None),
+@pytest.mark.parametrize(("limits", "ttl_s"), [
+    ({}, 1.0),  # slices by default, for a second
+    ({"slice_ttl_ms": 250}, 0.25),
+    ({"slices": False}, None),  # every admission waits for Redis
 ])
-async def test_optimistic_admission_by_default_with_this_replicas_share(
-        monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], endpoints: list[str], share: float | None) -> None:
+async def test_slices_by_default(monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], ttl_s: float | None
+                                 ) -> None:
     monkeypatch.delenv(REDIS_URL_ENV, raising=False)
-    text = policy({"store": "redis", "redis_url": "redis://127.0.0.1:1/0", "optimistic_max_age_ms": 250, **limits},
-                  endpoints)
-    store, redis = build_store(parse_policy(text, "p.yaml"))
+    store, redis = build_store(parse_policy(policy({"store": "redis", "redis_url": "redis://127.0.0.1:1/0",
+                                                    **limits}), "p.yaml"))
     try:
         assert redis is not None
-        if share is None:
-            assert redis.headroom is None
+        if ttl_s is None:
+            assert redis.slices is None
         else:
-            assert redis.headroom is not None
-            assert (redis.headroom.share, redis.headroom.max_age_s) == (share, 0.25)
+            assert redis.slices is not None and redis.slices.ttl_s == ttl_s
     finally:
         await store.close()
 
