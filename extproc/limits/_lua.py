@@ -10,16 +10,16 @@ ADMIT
   KEYS: bucket per rate, lease set per concurrency limit, (current, previous) window per budget,
         claims hash per dimension (rates, concurrency, budgets), then the pending-reservation marker
         when there are budgets, then the cancellation tombstone.
-  ARGV: now, tokens, request_id, n_rates, n_conc, n_budgets, epsilon, forced (1: the replica admitted
+  ARGV: now, tokens, request_id, n_rates, n_conc, n_budgets, epsilon, recorded (1: the replica admitted
         it from its slices: take every dimension and consume its claims), replica, slice_ttl_s,
         per rate (rate, burst, ttl_ms, want), per concurrency limit (limit, lease_ttl_s, ttl_ms, want),
         per budget (limit, window_s, index, ttl_ms, want), then marker_ttl_ms.
         want < 0: keep this replica's claim (it counts as used); want >= 0: replace it by a new slice
         of at most `want` units (0: give it back), granted only if the request is admitted.
-  Reply: admitted (forced: would it have been), per rate level, per concurrency limit (ok, live,
-         earliest or ""), per budget (previous, current), per dimension (units claimed that the
-         decision counted, units granted; forced: 1 if its claim covered it, else 0); or {-1} alone
-         when the admission was cancelled already.
+  Reply (decided): admitted, per rate level, per concurrency limit (ok, live, earliest or ""), per
+         budget (previous, current), per dimension (units claimed that the decision counted, units
+         granted). Reply (recorded): 1, then per dimension 1 if this replica's claim covered it, else 0.
+         {-1} alone when the admission was cancelled already.
 
 CANCEL (undo an admission the client gave up waiting for; it may have run, may run later, or never)
   KEYS: tombstone, lease set per concurrency limit, then (with budgets) marker and charged windows.
@@ -58,40 +58,19 @@ local tokens = tonumber(ARGV[2])
 local rid = ARGV[3]
 local nr, nc, nb = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local eps = tonumber(ARGV[7])
-local forced = ARGV[8] == '1'
 local me, slice_ttl = ARGV[9], tonumber(ARGV[10])
-local nd = nr + nc + nb
+local nd, wb, sl = nr + nc + nb, nr + nc, nr + nc + 2 * nb
 local function fmt(x) return string.format('%.17g', x) end
 
--- per dimension: argument offset, cost, claims of the others, this replica's claim, want
-local at, cost, others, demand, own, want = {}, {}, {}, {}, {}, {}
+-- per dimension: argument offset, cost, want
+local at, cost, want = {}, {}, {}
 local a = 11
 for d = 1, nd do
   at[d] = a
-  local w
-  if d <= nr then w = tonumber(ARGV[a + 3]); cost[d] = 1; a = a + 4
-  elseif d <= nr + nc then w = tonumber(ARGV[a + 3]); cost[d] = 1; a = a + 4
-  else w = tonumber(ARGV[a + 4]); cost[d] = tokens; a = a + 5 end
-  want[d] = w
-  local key = KEYS[nr + nc + 2 * nb + d]
-  local fields = redis.call('HGETALL', key)
-  others[d], demand[d], own[d] = 0, 0, nil
-  for i = 1, #fields, 2 do
-    local u, e, x = string.match(fields[i + 1], '(%S+) (%S+) (%S+)')
-    u, e, x = tonumber(u), tonumber(e), tonumber(x)
-    if e <= now then redis.call('HDEL', key, fields[i])
-    elseif fields[i] == me then own[d] = {u, e, x}
-    else others[d] = others[d] + u; demand[d] = demand[d] + x end
-  end
-end
--- what the decision counts as claimed: the others', and ours unless this call uses or replaces it
-local claimed = {}
-for d = 1, nd do
-  claimed[d] = others[d]
-  if own[d] and not forced and want[d] < 0 then claimed[d] = claimed[d] + own[d][1] end
+  if d <= wb then want[d] = tonumber(ARGV[a + 3]); cost[d] = 1; a = a + 4
+  else want[d] = tonumber(ARGV[a + 4]); cost[d] = tokens; a = a + 5 end
 end
 
-local ok = true
 local levels, stamps = {}, {}
 for i = 1, nr do
   local rate, burst = tonumber(ARGV[at[i]]), tonumber(ARGV[at[i] + 1])
@@ -106,32 +85,9 @@ for i = 1, nr do
     end
   end
   levels[i], stamps[i] = level, stamp
-  if level - claimed[i] < 1 - eps then ok = false end
 end
 
-local leases_ok, live = {}, {}
-for j = 1, nc do
-  local key, d = KEYS[nr + j], nr + j
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[1])
-  live[j] = redis.call('ZCARD', key)
-  leases_ok[j] = live[j] + claimed[d] < tonumber(ARGV[at[d]]) or redis.call('ZSCORE', key, rid) ~= false
-  if not leases_ok[j] then ok = false end
-end
-
-local wb = nr + nc
-local windows, estimates = {}, {}
-for b = 1, nb do
-  local d = wb + b
-  local limit, w, idx = tonumber(ARGV[at[d]]), tonumber(ARGV[at[d] + 1]), tonumber(ARGV[at[d] + 2])
-  local cur = tonumber(redis.call('GET', KEYS[wb + 2 * b - 1]) or '0')
-  local prev = tonumber(redis.call('GET', KEYS[wb + 2 * b]) or '0')
-  windows[b] = {prev, cur}
-  estimates[b] = prev * (1 - (now - idx * w) / w) + cur
-  if tokens > limit or estimates[b] + claimed[d] + tokens > limit + eps then ok = false end
-end
-
-local take = ok or forced
-if take then
+local function take()
   for i = 1, nr do
     redis.call('HSET', KEYS[i], 't', fmt(levels[i] - 1), 's', fmt(stamps[i]))
     redis.call('PEXPIRE', KEYS[i], ARGV[at[i] + 2])
@@ -146,45 +102,91 @@ if take then
     redis.call('INCRBY', key, tokens)
     redis.call('PEXPIRE', key, ARGV[at[wb + b] + 3])
   end
-  if nb > 0 then
-    redis.call('SET', KEYS[wb + 2 * nb + nd + 1], ARGV[2], 'PX', ARGV[#ARGV])
-  end
+  if nb > 0 then redis.call('SET', KEYS[sl + nd + 1], ARGV[2], 'PX', ARGV[#ARGV]) end
 end
 
--- slices: consume ours (forced), or replace ours by a share of what is left (awaited)
-local result = {}
-local ttl_ms = math.ceil(slice_ttl * 1000) + 1000
-for d = 1, nd do
-  local key = KEYS[nr + nc + 2 * nb + d]
-  local field = nil
-  if forced then
-    local covered = 0
-    if own[d] then
-      local u = own[d][1] - cost[d]
-      if u >= 0 then covered = 1 else u = 0 end
-      claimed[d] = others[d] + u
-      field = string.format('%d %s %s', u, fmt(own[d][2]), fmt(own[d][3]))
+if ARGV[8] == '1' then  -- recorded: admitted from this replica's slices; consume its claims
+  take()
+  local reply = {1}
+  for d = 1, nd do
+    local key, covered = KEYS[sl + d], 0
+    local held = redis.call('HGET', key, me)
+    if held then
+      local u, e, x = string.match(held, '(%S+) (%S+) (%S+)')
+      if tonumber(e) > now then
+        u = tonumber(u) - cost[d]
+        if u >= 0 then covered = 1 else u = 0 end
+        redis.call('HSET', key, me, string.format('%d %s %s', u, e, x))
+      end
     end
-    result[d] = covered
-  elseif want[d] >= 0 then
-    local grant = 0
+    reply[d + 1] = covered
+  end
+  return reply
+end
+
+-- decided here: other replicas' live claims count as used, and ours unless this call replaces it
+local claimed, others, demand, own = {}, {}, {}, {}
+for d = 1, nd do
+  local key = KEYS[sl + d]
+  local fields = redis.call('HGETALL', key)
+  others[d], demand[d] = 0, 0
+  for i = 1, #fields, 2 do
+    local u, e, x = string.match(fields[i + 1], '(%S+) (%S+) (%S+)')
+    u, e, x = tonumber(u), tonumber(e), tonumber(x)
+    if e <= now then redis.call('HDEL', key, fields[i])
+    elseif fields[i] == me then own[d] = u
+    else others[d] = others[d] + u; demand[d] = demand[d] + x end
+  end
+  claimed[d] = others[d]
+  if own[d] and want[d] < 0 then claimed[d] = claimed[d] + own[d] end
+end
+
+local ok = true
+for i = 1, nr do
+  if levels[i] - claimed[i] < 1 - eps then ok = false end
+end
+local leases_ok, live = {}, {}
+for j = 1, nc do
+  local key, d = KEYS[nr + j], nr + j
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', ARGV[1])
+  live[j] = redis.call('ZCARD', key)
+  leases_ok[j] = live[j] + claimed[d] < tonumber(ARGV[at[d]]) or redis.call('ZSCORE', key, rid) ~= false
+  if not leases_ok[j] then ok = false end
+end
+local windows, left = {}, {}
+for b = 1, nb do
+  local d = wb + b
+  local limit, w, idx = tonumber(ARGV[at[d]]), tonumber(ARGV[at[d] + 1]), tonumber(ARGV[at[d] + 2])
+  local cur = tonumber(redis.call('GET', KEYS[wb + 2 * b - 1]) or '0')
+  local prev = tonumber(redis.call('GET', KEYS[wb + 2 * b]) or '0')
+  windows[b] = {prev, cur}
+  local estimate = prev * (1 - (now - idx * w) / w) + cur
+  left[d] = limit - estimate - others[d]
+  if tokens > limit or estimate + claimed[d] + tokens > limit + eps then ok = false end
+end
+if ok then take() end
+
+-- slices: replace ours by at most half of what is left after this admission, split by demand
+local granted = {}
+for d = 1, nd do
+  granted[d] = 0
+  if want[d] >= 0 then
     if ok and want[d] > 0 then
       local avail
       if d <= nr then avail = levels[d] - 1 - others[d]
-      elseif d <= nr + nc then avail = tonumber(ARGV[at[d]]) - live[d - nr] - 1 - others[d]
-      else avail = tonumber(ARGV[at[d]]) - estimates[d - wb] - tokens - others[d] end
-      grant = math.floor(math.min(want[d], avail * want[d] / (want[d] + demand[d]) / 2))
-      if grant < 2 * math.max(1, cost[d]) then grant = 0 end
+      elseif d <= wb then avail = tonumber(ARGV[at[d]]) - live[d - nr] - 1 - others[d]
+      else avail = left[d] - tokens end
+      local g = math.floor(math.min(want[d], avail * want[d] / (want[d] + demand[d]) / 2))
+      if g >= 2 * math.max(1, cost[d]) then granted[d] = g end
     end
-    if grant > 0 then field = string.format('%d %s %s', grant, fmt(now + slice_ttl), fmt(want[d])) end
-    if own[d] and not field then redis.call('HDEL', key, me) end
-    result[d] = grant
-  else
-    result[d] = 0
-  end
-  if field then
-    redis.call('HSET', key, me, field)
-    if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
+    local key = KEYS[sl + d]
+    if granted[d] > 0 then
+      redis.call('HSET', key, me, string.format('%d %s %s', granted[d], fmt(now + slice_ttl), fmt(want[d])))
+      local ttl_ms = math.ceil(slice_ttl * 1000) + 1000
+      if redis.call('PTTL', key) < ttl_ms then redis.call('PEXPIRE', key, ttl_ms) end
+    elseif own[d] then
+      redis.call('HDEL', key, me)
+    end
   end
 end
 
@@ -203,7 +205,7 @@ for b = 1, nb do
 end
 for d = 1, nd do
   reply[#reply + 1] = fmt(claimed[d])
-  reply[#reply + 1] = result[d]
+  reply[#reply + 1] = granted[d]
 end
 return reply
 """

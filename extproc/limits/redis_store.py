@@ -49,7 +49,6 @@ Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) c
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 from collections.abc import Callable, Sequence
@@ -130,21 +129,21 @@ class RedisStore:
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         if not (request.rates or request.concurrency or request.budgets):
             return AdmitResult(admitted=True)
-        seq, local = self.slices.take(request) if self.slices is not None else (0, None)
+        local = self.slices.take(request) if self.slices is not None else None
         if local is not None:
-            await self._record(request, seq)
+            await self._record(request)
             return local
-        return await self._decide(request, seq)
+        return await self._decide(request)
 
     async def admit_local(self, request: AdmitRequest) -> AdmitResult | None:
         """The admission from this replica's slices, recorded without waiting; None if it does not fit
         (the failover layer asks this while Redis is marked down)."""
         if self.slices is None:
             return None
-        seq, local = self.slices.take(request)
+        local = self.slices.take(request)
         if local is not None:
             try:
-                await self._record(request, seq)
+                await self._record(request)
             except StoreUnavailable as exc:  # the claim covers it; Redis will not see the recording
                 self._posted_failed("record", str(exc))
         return local
@@ -157,7 +156,7 @@ class RedisStore:
         if self.slices is not None:
             self.slices.admitted_alone(request)
 
-    async def _decide(self, request: AdmitRequest, seq: int) -> AdmitResult:
+    async def _decide(self, request: AdmitRequest) -> AdmitResult:
         slices = self.slices
         wants = slices.wants(request) if slices is not None else None
         keys, args = self._admit_call(request, wants, forced=False)
@@ -172,24 +171,20 @@ class RedisStore:
             if slices is not None and wants is not None:
                 slices.failed(request, wants)
             return AdmitResult(admitted=False, refused_by=CANCELLED, retry_after_s=_TOMBSTONE_TTL_S)
-        seen, claims = _parse(reply, request)
+        seen, granted = _parse(reply, request)
         result = decide(request, seen)
         if slices is not None and wants is not None:
-            slices.replied(request, seq, wants, result.states, claims)
+            slices.decided(request, wants, result.states, granted)
         return result
 
-    async def _record(self, request: AdmitRequest, seq: int) -> None:
-        """Post the admission of a request admitted from the slices (forced: it takes every dimension)."""
+    async def _record(self, request: AdmitRequest) -> None:
+        """Post the admission of a request admitted from the slices (it takes every dimension)."""
         keys, args = self._admit_call(request, None, forced=True)
-        await self._client.post_evalsha("record", self.ADMIT, keys, args,
-                                        on_reply=partial(self._recorded, request, seq))
+        await self._client.post_evalsha("record", self.ADMIT, keys, args, on_reply=partial(self._recorded, request))
 
-    def _recorded(self, request: AdmitRequest, seq: int, reply: object) -> None:
-        if self.slices is None or not isinstance(reply, list) or int(reply[0]) < 0:
-            return  # failed (counted as a posted failure) or cancelled: nothing learned
-        seen, claims = _parse(reply, request)
-        taken = decide(request, dataclasses.replace(seen, admitted=True))  # the state after taking it
-        self.slices.replied(request, seq, None, taken.states, claims)
+    def _recorded(self, request: AdmitRequest, reply: object) -> None:
+        if self.slices is not None and isinstance(reply, list) and int(reply[0]) > 0:
+            self.slices.recorded(request, reply[1:])  # else failed (a posted failure) or cancelled
 
     def _admit_call(self, request: AdmitRequest, wants: Sequence[int] | None, forced: bool
                     ) -> tuple[list[Arg], list[Arg]]:
@@ -317,8 +312,8 @@ class RedisStore:
             raise ValueError(f"keys of one request must share one hash tag for Redis Cluster: {list(keys)}")
 
 
-def _parse(reply: list[bytes | int], request: AdmitRequest) -> tuple[Observed, list[tuple[float, int]]]:
-    """The ADMIT reply: what Redis saw and did, and per dimension (units claimed, units granted or covered)."""
+def _parse(reply: list[bytes | int], request: AdmitRequest) -> tuple[Observed, list[int]]:
+    """A decided ADMIT's reply: what Redis saw and did, and per dimension the units of the new slice."""
     n_rates, n_conc, n_budgets = len(request.rates), len(request.concurrency), len(request.budgets)
     at = 1
     levels = [float(reply[at + i]) for i in range(n_rates)]
@@ -334,7 +329,7 @@ def _parse(reply: list[bytes | int], request: AdmitRequest) -> tuple[Observed, l
         at += 3
     windows = [(float(reply[at + 2 * b]), float(reply[at + 2 * b + 1])) for b in range(n_budgets)]
     at += 2 * n_budgets
-    claims = [(float(reply[at + 2 * d]), int(reply[at + 2 * d + 1])) for d in range(n_rates + n_conc + n_budgets)]
-    seen = Observed(int(reply[0]) == 1, levels, leases_ok, live, earliest, windows,
-                    claimed=[claimed for claimed, _ in claims])
-    return seen, claims
+    n = n_rates + n_conc + n_budgets
+    claimed = [float(reply[at + 2 * d]) for d in range(n)]
+    seen = Observed(int(reply[0]) == 1, levels, leases_ok, live, earliest, windows, claimed=claimed)
+    return seen, [int(reply[at + 2 * d + 1]) for d in range(n)]

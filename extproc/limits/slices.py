@@ -11,8 +11,8 @@ While that call is in flight the old slice is not used (Redis gives
 back its unused part when it replaces it). A slice is used only until `ttl_s - guard_s` after its
 grant; Redis drops it at `ttl_s`.
 
-`Slices` also remembers what each reply said was left beyond every slice (`unclaimed`): the fail-open
-share of a budget is capped by it (`caps`). No I/O here: `RedisStore` sends and applies replies.
+`Slices` also remembers what Redis's last decision said was left beyond every slice (`unclaimed`): the
+fail-open share of a budget is capped by it (`caps`). No I/O here: `RedisStore` sends and applies replies.
 """
 
 from __future__ import annotations
@@ -38,9 +38,8 @@ class _Slice:
     renewing: bool = False  # an admission replacing the claim is in flight
     demand: float = 0.0  # units asked for recently (decayed over about one ttl)
     demand_at: float = 0.0
-    seq: int = -1  # send sequence of the reply `unclaimed` comes from
-    unclaimed: float = 0.0  # what that reply said was left beyond every slice
-    index: int = _NO_INDEX  # budget: the window of that reply
+    unclaimed: float = 0.0  # what Redis's last decision said was left beyond every slice
+    index: int = _NO_INDEX  # budget: the window of that decision (_NO_INDEX: none yet)
     reset_s: float = 0.0
     alone: float = 0.0  # units admitted by the fail-open policy since that reply
 
@@ -53,19 +52,17 @@ class Slices:
         self.ttl_s = ttl_s
         self.guard_s = ttl_s / 4.0  # recordings must reach Redis before the claim expires there
         self._keys: dict[tuple[str, str], _Slice] = {}
-        self._seq = 0
         self._next_sweep = 0.0
         self.local_total = 0  # admissions from a slice
         self.awaited_total = 0  # admissions decided by Redis
         self.uncovered_total = 0  # recordings whose claim Redis no longer had (expired or replaced)
 
-    def take(self, request: AdmitRequest) -> tuple[int, AdmitResult | None]:
+    def take(self, request: AdmitRequest) -> AdmitResult | None:
         """Count the request's demand; admit it from the slices if every dimension fits (and return
-        the result to answer with), else None: ask Redis. Either way, its send sequence."""
+        the result to answer with), else None: ask Redis."""
         now = request.now
         if now >= self._next_sweep:
             self._sweep(now)
-        self._seq += 1
         fits = True
         dims = self._dims(request)
         for _, entry, cost, _, _ in dims:
@@ -74,7 +71,7 @@ class Slices:
             fits = fits and not entry.renewing and now < entry.until and entry.left + EPSILON >= cost
         if not fits:
             self.awaited_total += 1
-            return self._seq, None
+            return None
         self.local_total += 1
         states = []
         for (name, key), entry, cost, limit, window_s in dims:
@@ -83,7 +80,7 @@ class Slices:
             reset = (window_index(now, window_s) + 1) * window_s - now if window_s else entry.reset_s
             remaining = float(math.floor(max(0.0, entry.unclaimed + entry.left) + EPSILON))
             states.append(LimitState(name, key, limit, remaining, reset))
-        return self._seq, AdmitResult(admitted=True, states=tuple(states))
+        return AdmitResult(admitted=True, states=tuple(states))
 
     def wants(self, request: AdmitRequest) -> list[int]:
         """Per dimension, what the awaited admission asks for: KEEP while another call replaces the
@@ -99,22 +96,26 @@ class Slices:
             wants.append(max(math.ceil(entry.demand), math.ceil(2 * max(1.0, cost))) if busy else 0)
         return wants
 
-    def replied(self, request: AdmitRequest, seq: int, wants: Sequence[int] | None, states: Sequence[LimitState],
-                claims: Sequence[tuple[float, int]]) -> None:
-        """Redis's answer to the call sent as `seq`: the states (per dimension, as decided), and per
-        dimension (claimed units counted, units granted). `wants` None: a recording (forced)."""
+    def decided(self, request: AdmitRequest, wants: Sequence[int], states: Sequence[LimitState],
+                granted: Sequence[int]) -> None:
+        """Redis's decision on an awaited admission: the states (per dimension, remaining beyond other
+        replicas' slices) and the units of the new slices."""
         for i, (_, entry, _, _, window_s) in enumerate(self._dims(request)):
-            granted = 0 if wants is None else claims[i][1]
-            if wants is not None and wants[i] != KEEP:
+            if wants[i] != KEEP:
                 entry.renewing = False
-                entry.left, entry.until = float(granted), request.now + self.ttl_s - self.guard_s
-            elif wants is None and not claims[i][1]:
-                entry.left = 0.0  # Redis no longer had this replica's claim
-            if seq > entry.seq:
-                entry.seq, entry.unclaimed, entry.reset_s = seq, states[i].remaining - granted, states[i].reset_s
-                entry.index, entry.alone = window_index(request.now, window_s) if window_s else _NO_INDEX, 0.0
-        if wants is None and not all(covered for _, covered in claims):
-            self.uncovered_total += 1
+                entry.left, entry.until = float(granted[i]), request.now + self.ttl_s - self.guard_s
+            entry.unclaimed, entry.reset_s = states[i].remaining - granted[i], states[i].reset_s
+            entry.index, entry.alone = window_index(request.now, window_s) if window_s else _NO_INDEX, 0.0
+
+    def recorded(self, request: AdmitRequest, covered: Sequence[int]) -> None:
+        """Redis recorded an admission from the slices: per dimension, did this replica's claim cover it.
+        One that did not (the claim had expired there) stops being used."""
+        if all(covered):
+            return
+        self.uncovered_total += 1
+        for (_, entry, _, _, _), ok in zip(self._dims(request), covered, strict=True):
+            if not ok:
+                entry.left = 0.0
 
     def failed(self, request: AdmitRequest, wants: Sequence[int]) -> None:
         """The awaited admission got no answer: the claims it was replacing are not used any more."""
@@ -128,7 +129,7 @@ class Slices:
         caps: list[float | None] = []
         for budget in request.budgets:
             entry = self._keys.get((budget_name(budget.window_s), budget.key))
-            if entry is None or entry.seq < 0 or entry.index != window_index(request.now, budget.window_s):
+            if entry is None or entry.index != window_index(request.now, budget.window_s):
                 caps.append(None)
             else:
                 caps.append(share * max(0.0, entry.unclaimed) - entry.alone)

@@ -40,7 +40,7 @@ class FlakyPrimary:
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         self._check()
-        seq, _ = self.slices.take(request)
+        self.slices.take(request)
         wants = self.slices.wants(request)
         result = await self.inner.admit(request)
         if self.late:
@@ -49,11 +49,11 @@ class FlakyPrimary:
                 self.inner.release_now(Reservation.of(request), request.now)
                 self.inner.settle_now(Reservation.of(request), 0, request.now)
             raise StoreTimeout("scripted late reply")
-        self.slices.replied(request, seq, wants, result.states, [(0.0, 0)] * len(wants))
+        self.slices.decided(request, wants, result.states, [0] * len(wants))
         return result
 
     async def admit_local(self, request: AdmitRequest) -> AdmitResult | None:
-        return self.slices.take(request)[1]
+        return self.slices.take(request)
 
     def fail_open_caps(self, request: AdmitRequest, share: float) -> tuple[float | None, ...]:
         return self.slices.caps(request, share)

@@ -25,10 +25,9 @@ def states(request: AdmitRequest, remaining: float, conc_remaining: float = 40.0
 def awaited(slices: Slices, request: AdmitRequest, remaining: float, *grants: int) -> list[int]:
     """`request` does not fit: it asks Redis, which admits it with `remaining` left for this replica
     and grants `grants` (per dimension); returns what it asked for."""
-    seq, local = slices.take(request)
-    assert local is None
+    assert slices.take(request) is None
     wants = slices.wants(request)
-    slices.replied(request, seq, wants, states(request, remaining), [(0.0, g) for g in grants])
+    slices.decided(request, wants, states(request, remaining), grants)
     return wants
 
 
@@ -36,19 +35,19 @@ def test_asks_for_a_slice_only_once_demand_is_two_requests_then_admits_from_it()
     slices = Slices("me", ttl_s=1.0)
     assert awaited(slices, req("a"), 900, 0) == [0]  # one request of 100: no slice worth asking for
     assert awaited(slices, req("b"), 800, 150) == [200]  # the demand of the last ~second
-    _, local = slices.take(req("c"))
+    local = slices.take(req("c"))
     assert local is not None and local.admitted and slices.local_total == 1
     # x-ratelimit: what was left beyond every slice (800 - 150) plus what is left of this one (50)
     assert [(s.name, s.remaining, s.reset_s) for s in local.states] == [("tokens", 700.0, 59.0)]
-    assert slices.take(req("d"))[1] is None  # 50 left: 100 does not fit
+    assert slices.take(req("d")) is None  # 50 left: 100 does not fit
 
 
 def test_a_slice_is_not_used_after_its_ttl_minus_the_guard() -> None:
     slices = Slices("me", ttl_s=1.0)
     awaited(slices, req("a"), 900, 0)
     awaited(slices, req("b"), 800, 500)
-    assert slices.take(req("c", now=NOW + 1.74))[1] is not None  # granted at NOW + 1, guard 0.25 s
-    assert slices.take(req("d", now=NOW + 1.76))[1] is None
+    assert slices.take(req("c", now=NOW + 1.74)) is not None  # granted at NOW + 1, guard 0.25 s
+    assert slices.take(req("d", now=NOW + 1.76)) is None
 
 
 def test_every_dimension_must_fit() -> None:
@@ -56,10 +55,10 @@ def test_every_dimension_must_fit() -> None:
     both = req("a", concurrency=(CONC,))
     awaited(slices, both, 900, 0, 0)
     awaited(slices, req("b", concurrency=(CONC,)), 800, 2, 500)
-    assert slices.take(req("c", concurrency=(CONC,)))[1] is not None
-    assert slices.take(req("d", concurrency=(CONC,)))[1] is not None
-    assert slices.take(req("e", concurrency=(CONC,)))[1] is None  # 300 tokens left, but no lease
-    assert slices.take(req("f"))[1] is not None  # a request without that dimension still fits
+    assert slices.take(req("c", concurrency=(CONC,))) is not None
+    assert slices.take(req("d", concurrency=(CONC,))) is not None
+    assert slices.take(req("e", concurrency=(CONC,))) is None  # 300 tokens left, but no lease
+    assert slices.take(req("f")) is not None  # a request without that dimension still fits
 
 
 def test_while_a_renewal_is_in_flight_the_old_slice_is_not_used_and_others_keep_the_claim() -> None:
@@ -67,14 +66,14 @@ def test_while_a_renewal_is_in_flight_the_old_slice_is_not_used_and_others_keep_
     awaited(slices, req("a"), 900, 0)
     awaited(slices, req("b"), 800, 150)
     first = req("c", tokens=200)  # does not fit the 150: asks for a new slice
-    seq, _ = slices.take(first)
+    assert slices.take(first) is None
     assert slices.wants(first) == [400]
-    assert slices.take(req("d", tokens=10))[1] is None  # 150 were left, but they are being replaced
+    assert slices.take(req("d", tokens=10)) is None  # 150 were left, but they are being replaced
     other = req("e", tokens=10)
     slices.take(other)
     assert slices.wants(other) == [KEEP]  # only one call replaces a claim at a time
-    slices.replied(first, seq, [400], states(first, 500), [(0.0, 300)])
-    assert slices.take(req("f", tokens=300))[1] is not None
+    slices.decided(first, [400], states(first, 500), [300])
+    assert slices.take(req("f", tokens=300)) is not None
 
 
 def test_a_failed_renewal_leaves_no_slice_and_the_next_call_asks_again() -> None:
@@ -85,7 +84,7 @@ def test_a_failed_renewal_leaves_no_slice_and_the_next_call_asks_again() -> None
     slices.take(request)
     wants = slices.wants(request)
     slices.failed(request, wants)
-    assert slices.take(req("d", tokens=10))[1] is None
+    assert slices.take(req("d", tokens=10)) is None
     later = req("e", tokens=10)
     slices.take(later)
     assert slices.wants(later) != [KEEP]
@@ -96,23 +95,9 @@ def test_a_recording_redis_did_not_cover_drops_the_slice() -> None:
     awaited(slices, req("a"), 900, 0)
     awaited(slices, req("b"), 800, 500)
     request = req("c")
-    seq, local = slices.take(request)
-    assert local is not None
-    slices.replied(request, seq, None, states(request, 100), [(0.0, 0)])  # the claim had expired in Redis
-    assert slices.uncovered_total == 1 and slices.take(req("d"))[1] is None
-
-
-def test_an_older_reply_never_replaces_a_newer_report() -> None:
-    slices = Slices("me")
-    old, new = req("old"), req("new")
-    old_seq, _ = slices.take(old)
-    old_wants = slices.wants(old)
-    new_seq, _ = slices.take(new)
-    new_wants = slices.wants(new)
-    assert new_wants == [KEEP]
-    slices.replied(new, new_seq, new_wants, states(new, 300), [(0.0, 0)])
-    slices.replied(old, old_seq, old_wants, states(old, 700), [(0.0, 0)])
-    assert slices.caps(req("x"), share=1.0) == (300.0,)
+    assert slices.take(request) is not None
+    slices.recorded(request, [0])  # the claim had expired in Redis
+    assert slices.uncovered_total == 1 and slices.take(req("d")) is None
 
 
 def test_fail_open_caps_share_what_was_left_beyond_every_slice_in_that_window() -> None:
