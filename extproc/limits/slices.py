@@ -142,6 +142,12 @@ class Slices:
             if entry is not None:
                 entry.alone += max(0, request.tokens)
 
+    def describe(self, now: float) -> list[dict[str, object]]:
+        """Per limit key: this replica's slice (units left, 0 once unusable) and what Redis's last decision
+        said was left beyond every slice, minus what the fail-open policy admitted since (for /debug)."""
+        return [{"name": name, "key": key, "slice": entry.left if now < entry.until else 0.0,
+                 "unclaimed": entry.unclaimed, "alone": entry.alone} for (name, key), entry in self._keys.items()]
+
     def __len__(self) -> int:
         return len(self._keys)
 

@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway import Gateway, RequestHead, SnapshotHolder
+from extproc.limits.slices import Slices
 from extproc.rollout.controller import RolloutError, Rollouts
 
 
@@ -21,6 +22,7 @@ def build_admin_app(
     is_ready: Callable[[], bool],
     gateway: Gateway,
     rollouts: Rollouts | None = None,
+    slices: Slices | None = None,
 ) -> web.Application:
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(metrics_registry)
@@ -68,6 +70,10 @@ def build_admin_app(
                            end_of_stream=not raw)
         return web.json_response(gateway.explain(head, raw))
 
+    async def limits(_: web.Request) -> web.Response:
+        """This replica's slices of the limits (Redis store) and its fail-open view of them."""
+        return web.json_response({"slices": slices.describe(time.time()) if slices is not None else []})
+
     async def flow(_: web.Request) -> web.Response:
         """Flow control per pool: queued per class, saturation, counters and the longest wait seen."""
         return web.json_response({"pools": gateway.flow.stats()})
@@ -101,5 +107,6 @@ def build_admin_app(
     app.router.add_post("/debug/explain", explain)
     app.router.add_get("/debug/rollouts", rollout_status)
     app.router.add_get("/debug/flow", flow)
+    app.router.add_get("/debug/limits", limits)
     app.router.add_post("/rollouts/{action}", rollout_command)
     return app

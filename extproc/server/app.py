@@ -176,7 +176,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_admissions.labels("awaited").set_function(lambda: float(slices.awaited_total))
         metrics.store_uncovered.set_function(lambda: float(slices.uncovered_total))
     service.admin_runner = web.AppRunner(
-        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts), access_log=None
+        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts,
+                        redis.slices if redis is not None else None), access_log=None
     )
     return service
 
