@@ -7,14 +7,14 @@ replicas, Envoy and a redis-server; another tenant's `--warmup` requests first (
 samples). Then each cell of the matrix is a fresh tenant whose budget is the burst's offered tokens
 divided by the multiple, hit by `--burst` requests arriving within `--spread-ms`: mixed prompt sizes, a
 share streamed, a share without `max_tokens` (the tier's output cap bounds them). Tokens used are the
-usage the engines reported in the responses. Diagnostics per cell: what the admitted requests reserved
-(the calibrated prompt estimate the service used + the output allowance) and how far the engines' prompt
-counts were above the estimates, so an excess can be told apart: reservations over the budget (a race)
-or real counts over the reservations (estimates).
+usage the engines reported in the responses. Diagnostic per cell: the engines' prompt counts minus the
+prompt tokens the service reserved for the admitted requests (the calibrated estimate's upper bound), in
+% of the budget, and how many prompts counted more than reserved: an excess with prompts within their
+reservations comes from admission (a race), one with prompts over them from the estimates.
 
 The last run of each replica count kills Redis (SIGKILL) half-way through the burst's arrivals, after
-reading every replica's `/debug/limits` and Redis's counts; the report gives the bound of the README's
-formula next to what was used.
+pausing its writes (CLIENT PAUSE WRITE: the outage starts there) and reading its counts and every
+replica's `/debug/limits`; the report gives the bound of the README's formula next to what was used.
 """
 
 from __future__ import annotations
@@ -61,6 +61,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cap", type=int, default=16, help="the tier's max_output_tokens (default 16)")
     parser.add_argument("--estimate", choices=["calibrated", "raw"], default="calibrated",
                         help="prompt estimates: calibrated on the warm-up's usage (default) or characters / 4")
+    parser.add_argument("--prompt-reserve-sd", type=float, default=2.0,
+                        help="limits.prompt_reserve_sd: reservations add this many standard deviations of the "
+                             "calibration's error to the estimate (default 2; 0: the estimate itself)")
     parser.add_argument("--kill-redis", type=int, default=500, metavar="N",
                         help="a last run per replica count with a burst of N at 3x the budget, Redis killed "
                              "half-way through its arrivals (0: none; default 500)")
@@ -105,16 +108,19 @@ class _Cell:
         self.budget = max(1, round(self.burst * tokens_per_request / self.multiple))
 
 
-async def _prompt_fit(stack: Stack) -> tuple[float, float]:
+async def _prompt_fit(stack: Stack) -> tuple[float, float, float]:
     async with aiohttp.ClientSession() as http, http.get(f"{stack.admin_urls[0]}/debug/pools") as response:
         fit = (await response.json()).get("prompt_calibration", {}).get("chat")
-    return (float(fit["slope"]), float(fit["intercept"])) if fit else (1.0, 0.0)
+    return (float(fit["slope"]), float(fit["intercept"]), float(fit["error_sd"])) if fit else (1.0, 0.0, 0.0)
 
 
-def _reserved(body: dict[str, Any], cap: int, fit: tuple[float, float] | None) -> tuple[int, int]:
-    """(prompt estimate, output allowance) the service reserved for `body` (see PromptCalibration.tokens)."""
+def _reserved(body: dict[str, Any], cap: int, fit: tuple[float, float, float] | None, sd: float) -> tuple[int, int]:
+    """(prompt, output) tokens the service reserved for `body` (PromptCalibration.tokens, `sd` margin)."""
     raw = estimate_tokens(prompt_text(Api.CHAT, body))
-    prompt = raw if fit is None else max(1, round(fit[1] + fit[0] * raw), round(0.25 * raw))
+    prompt = raw
+    if fit is not None:
+        prompt = max(1, round(fit[1] + fit[0] * raw), round(0.25 * raw))
+        prompt = math.ceil(prompt * (1.0 + sd * fit[2])) if sd > 0 and fit[2] > 0 else prompt
     return prompt, min(cap, body.get("max_tokens", cap))
 
 
@@ -127,12 +133,15 @@ async def _limits_views(stack: Stack) -> list[list[dict[str, Any]]]:
         return views
 
 
-async def _redis_counts(port: int, tenant: str, budget: int) -> tuple[float, float]:
-    """(tokens Redis counts in the tenant's minute window, units claimed as slices) now."""
+async def _redis_counts(port: int, tenant: str, pause: bool = False) -> tuple[float, float]:
+    """(tokens Redis counts in the tenant's minute window, units claimed as slices) now; `pause`: first stop
+    Redis from running any write command (CLIENT PAUSE WRITE) for a minute."""
     from redis.asyncio import Redis  # the bench's own look into Redis, not the service's client
 
     redis = Redis(host="127.0.0.1", port=port)
     try:
+        if pause:
+            await redis.execute_command("CLIENT", "PAUSE", "60000", "WRITE")  # type: ignore[no-untyped-call]
         now = time.time()
         index = math.floor(now / 60)
         key = f"lim:{{{tenant}}}:all:tpm"
@@ -157,22 +166,24 @@ async def _run_cell(cell: _Cell, stack: Stack, group: ProcessGroup, args: argpar
     row: dict[str, Any] = {}
     if cell.kill:
         await asyncio.sleep(args.spread_ms / 2000.0)
-        counted, claimed = await _redis_counts(redis_port, tenant, cell.budget)
+        # The outage starts here: Redis runs no more admissions, and what it counted can still be read.
+        counted, claimed = await _redis_counts(redis_port, tenant, pause=True)
         views = await _limits_views(stack)
         group.get("redis").send_signal(signal.SIGKILL)
         key = f"{{{tenant}}}:all:tpm"
         held = [next((v for v in view if v["key"] == key), None) for view in views]
-        slices = sum(v["slice"] for v in held if v is not None)
-        alone = sum(max(0.0, math.floor(v["unclaimed"] / replicas) - v["alone"]) for v in held if v is not None)
-        # No view of the budget: the replica decides alone with its share of the whole budget.
-        alone += sum(math.ceil(cell.budget / replicas) for v in held if v is None)
-        bound = counted + slices + alone
-        row = {"killed_counted": round(counted), "killed_claimed": round(claimed), "killed_slices": round(slices),
+        # Each replica alone: its share of what its last decision said was left beyond every slice (all of
+        # it since that decision: what it admitted alone before the pause may not be in Redis's count), or,
+        # without a view of the budget, its share of the whole budget.
+        alone = sum(math.floor(v["unclaimed"] / replicas) if v is not None else math.ceil(cell.budget / replicas)
+                    for v in held)
+        bound = counted + claimed + alone
+        row = {"killed_counted": round(counted), "killed_slices": round(claimed),
                "killed_alone_allowance": round(alone), "bound_pct": round(100 * bound / cell.budget, 1)}
     samples = await load
     after = await metric_sums(stack.admin_urls, [DEGRADED, *ADMISSION_PATHS, UNCOVERED])
     admitted = [(s, cell.bodies[s.index]) for s in samples if s.status == 200]
-    reserved = [_reserved(body, args.cap, fit) for _, body in admitted]
+    reserved = [_reserved(body, args.cap, fit, args.prompt_reserve_sd) for _, body in admitted]
     used = _used(samples)
     prompt_over = sum((s.prompt_tokens or 0) - estimate for (s, _), (estimate, _) in zip(admitted, reserved,
                                                                                              strict=True))
@@ -182,8 +193,9 @@ async def _run_cell(cell: _Cell, stack: Stack, group: ProcessGroup, args: argpar
         "admitted": len(admitted), "refused": sum(1 for s in samples if s.status == 429),
         "other": sum(1 for s in samples if s.status not in (200, 429)), "used_tokens": used,
         "used_pct": round(100 * used / cell.budget, 1),
-        "reserved_pct": round(100 * sum(p + o for p, o in reserved) / cell.budget, 1),
-        "prompt_over_estimate_pct": round(100 * prompt_over / cell.budget, 1),
+        "prompt_over_reserved_pct": round(100 * prompt_over / cell.budget, 1),
+        "prompts_over_reserved": sum(1 for (s, _), (estimate, _) in zip(admitted, reserved, strict=True)
+                                     if (s.prompt_tokens or 0) > estimate),
         "slice": int(after[ADMISSION_PATHS[0]] - before[ADMISSION_PATHS[0]]),
         "awaited": int(after[ADMISSION_PATHS[1]] - before[ADMISSION_PATHS[1]]),
         "decided_alone": int(after[DEGRADED] - before[DEGRADED]),
@@ -204,7 +216,8 @@ async def _replica_count(replicas: int, args: argparse.Namespace) -> list[dict[s
     tiers: dict[str, Any] = {"default": {}, "warm": {"max_output_tokens": args.cap}}
     policy = {"auth": {"mode": "trusted-header"}, "tiers": tiers, "flow_control": {"enabled": False},
               "limits": {"store": "redis", "redis_url": f"redis://127.0.0.1:{redis_port}/0",
-                         "default_output_tokens": args.cap, "calibrate_prompt_tokens": args.estimate == "calibrated"}}
+                         "default_output_tokens": args.cap, "calibrate_prompt_tokens": args.estimate == "calibrated",
+                         "prompt_reserve_sd": args.prompt_reserve_sd}}
     async with ProcessGroup(workdir / "logs") as group:
         await start_redis(group, redis_port, args.redis_server)
         # The budgets depend on the real tokens per request, known after the warm-up: the policy is
@@ -241,14 +254,15 @@ async def run_burst(args: argparse.Namespace) -> int:
     for replicas in _ints(args.service_replicas):
         rows += await _replica_count(replicas, args)
     columns = ["replicas", "burst", "multiple", "streamed", "redis_killed", "budget", "admitted", "refused",
-               "used_pct", "reserved_pct", "prompt_over_estimate_pct", "slice", "awaited", "decided_alone"]
+               "used_pct", "prompt_over_reserved_pct", "prompts_over_reserved", "slice", "awaited", "decided_alone"]
     print(format_table(rows, columns))
     for row in rows:
         if row["redis_killed"]:
             print(f"{row['replicas']} replicas, Redis killed: used {row['used_pct']}% of the budget; bound "
                   f"{row['bound_pct']}% = Redis's count {row['killed_counted']} + slices {row['killed_slices']} + "
                   f"fail-open allowance {row['killed_alone_allowance']} (tokens reserved)")
-    path = write_json(args.json, {"cap": args.cap, "estimate": args.estimate, "streamed": args.streamed,
+    path = write_json(args.json, {"cap": args.cap, "estimate": args.estimate,
+                                  "prompt_reserve_sd": args.prompt_reserve_sd, "streamed": args.streamed,
                                   "no_max_tokens": args.no_max_tokens, "spread_ms": args.spread_ms, "runs": rows})
     print(f"report written to {path}")
     exceeded = [r for r in rows if not r["redis_killed"] and r["used_pct"] > 102.0]

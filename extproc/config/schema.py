@@ -201,12 +201,18 @@ class LimitsConfig(_Strict):
     store: Literal["memory", "redis"] = "memory"
     redis_url: str | None = Field(default=None, description="redis:// or rediss://; env EXTPROC_REDIS_URL wins")
     on_store_failure: Literal["fail-open", "fail-closed"] = "fail-open"
-    decision_deadline_ms: float = Field(default=5.0, gt=0, le=1000)
+    # How long an admission waits for Redis's decision before the failure policy decides it (a lost or
+    # refused connection: at once). A replica deciding alone while Redis is only slow may admit what Redis
+    # then gives to others: keep it above the silences of a busy node.
+    decision_deadline_ms: float = Field(default=50.0, gt=0, le=1000)
     # Expected completion when a request sets no max_tokens: reserved, then corrected to real usage.
     default_output_tokens: int = Field(default=256, ge=1)
     # Prompt estimates (characters / 4) corrected per pool by a fit against the engines' usage.prompt_tokens
     # from the access log (extproc/gateway/calibration.py); false = the raw estimate.
     calibrate_prompt_tokens: bool = True
+    # Token-budget reservations take the calibrated estimate plus this many standard deviations of its
+    # recent relative error (settling gives the excess back); 0 = the estimate itself.
+    prompt_reserve_sd: float = Field(default=2.0, ge=0, le=10)
     lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
     # Redis: each replica admits without waiting within its slices of the busy limits (leased from Redis,
     # sized by its demand, none near a limit); false = every admission waits for Redis's decision.

@@ -11,9 +11,10 @@ Envoy's access log streams go to whichever replicas its gRPC connections picked,
 few entries. The fit's statistics are sums, so replicas sharing Redis add them up
 (`extproc.server.calibration_sync`): `export` gives this replica's sums, `adopt` the others', and estimates
 come from the combined fit once it has `min_samples`. Estimates feed the scheduler's load figures, and,
-as an upper bound (`upper=True`: the fit plus twice the standard deviation of its recent relative errors,
-measured on exchanges it had not seen), token-budget reservations: a burst admitted on under-estimates
-would overshoot before usage settles, while an over-estimate is given back when it settles.
+as an upper bound (`margin_sd`: the fit plus that many standard deviations of its recent relative errors,
+measured on exchanges it had not seen; `limits.prompt_reserve_sd`), token-budget reservations: a burst
+admitted on under-estimates would overshoot before usage settles, while an over-estimate is given back
+when it settles.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from dataclasses import dataclass
 __all__ = ["PromptCalibration"]
 
 _MIN_SLOPE, _MAX_SLOPE = 0.25, 4.0
-_UPPER_SD = 2.0  # reservations: the fit plus this many standard deviations of its relative error
 
 
 @dataclass(slots=True)
@@ -68,15 +68,16 @@ class PromptCalibration:
         fit.seen += 1
         _solve(fit)
 
-    def tokens(self, pool: str, estimate: int, upper: bool = False) -> int:
+    def tokens(self, pool: str, estimate: int, margin_sd: float = 0.0) -> int:
         """The calibrated estimate: from the fleet's combined fit, else this replica's, once it has
-        `min_samples` observations; the raw estimate before. `upper`: its upper bound."""
+        `min_samples` observations; the raw estimate before. `margin_sd`: plus that many standard
+        deviations of the fit's relative error."""
         fit = self._in_use(pool)
         if fit is None or fit.seen < self.min_samples or estimate <= 0:
             return estimate
         tokens = max(1, round(fit.intercept + fit.slope * estimate), round(_MIN_SLOPE * estimate))
-        if upper and fit.errors > 0.0:
-            tokens = math.ceil(tokens * (1.0 + _UPPER_SD * math.sqrt(fit.squared / fit.errors)))
+        if margin_sd > 0.0 and fit.errors > 0.0:
+            tokens = math.ceil(tokens * (1.0 + margin_sd * math.sqrt(fit.squared / fit.errors)))
         return tokens
 
     def export(self) -> dict[str, list[float]]:

@@ -189,7 +189,7 @@ class Gateway:
         started = self._clock()
         try:
             request, pool = self._resolve(exchange, body)
-            tokens = self._prompt_tokens(exchange, request, pool.name, upper=True) + (
+            tokens = self._prompt_tokens(exchange, request, pool.name, reserve=True) + (
                 request.max_output_tokens or exchange.snapshot.policy.limits.default_output_tokens)
             exchange.tokens = tokens
             policy = exchange.snapshot.policy
@@ -254,14 +254,15 @@ class Gateway:
         self._metrics.flow_rejected.labels(exchange.pool, rejected.klass, rejected.reason).inc()
         return self._reject(exchange, overloaded(rejected))
 
-    def _prompt_tokens(self, exchange: Exchange, request: InferenceRequest, pool: str, upper: bool = False) -> int:
-        """The prompt's estimated tokens, calibrated against the pool's real counts when enabled (`upper`:
-        the upper bound reservations use)."""
+    def _prompt_tokens(self, exchange: Exchange, request: InferenceRequest, pool: str, reserve: bool = False) -> int:
+        """The prompt's estimated tokens, calibrated against the pool's real counts when enabled (`reserve`:
+        the upper bound token-budget reservations use)."""
         if not exchange.prompt_estimate:
             exchange.prompt_estimate = estimate_tokens(request.prompt_text)
-        if not exchange.snapshot.policy.limits.calibrate_prompt_tokens:
+        limits = exchange.snapshot.policy.limits
+        if not limits.calibrate_prompt_tokens:
             return exchange.prompt_estimate
-        return self.calibration.tokens(pool, exchange.prompt_estimate, upper)
+        return self.calibration.tokens(pool, exchange.prompt_estimate, limits.prompt_reserve_sd if reserve else 0.0)
 
     def _count_guard(self, rule: str, action: str, matches: int) -> None:
         self._metrics.guard_matches.labels(rule, action).inc(matches)
