@@ -200,6 +200,8 @@ class AuthConfig(_Strict):
 class LimitsConfig(_Strict):
     store: Literal["memory", "redis"] = "memory"
     redis_url: str | None = Field(default=None, description="redis:// or rediss://; env EXTPROC_REDIS_URL wins")
+    # redis_url names any node of a Redis Cluster: commands go to the primary serving their keys' slot
+    redis_cluster: bool = False
     on_store_failure: Literal["fail-open", "fail-closed"] = "fail-open"
     # How long an admission waits for Redis's decision before the failure policy decides it (a lost or
     # refused connection: at once). A replica deciding alone while Redis is only slow may admit what Redis

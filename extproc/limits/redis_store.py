@@ -56,7 +56,8 @@ from functools import partial
 
 from extproc.limits import _lua
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
-from extproc.limits.resp import Address, Arg, RespClient, Script
+from extproc.limits.cluster import redis_client
+from extproc.limits.resp import Arg, Script
 from extproc.limits.slices import KEEP, Slices
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable
 
@@ -96,21 +97,22 @@ class RedisStore:
     def __init__(self, url: str, *, timeout_ms: float = 50.0, admit_timeout_ms: float | None = None,
                  prefix: str = "lim:", ssl_ca_certs: str | None = None, ssl_certfile: str | None = None,
                  ssl_keyfile: str | None = None, require_hash_tag: bool = False,
-                 slices: Slices | None = None) -> None:
+                 slices: Slices | None = None, cluster: bool = False) -> None:
         """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
         awaited call (waiting for a connect included); `admit_timeout_ms` (default the same) bounds
         admissions: give it the failover's decision deadline (and the failover none of its own), so
         that a reply read in the loop iteration where the deadline passes still counts. `slices`: admit
-        without waiting within this replica's slices."""
+        without waiting within this replica's slices. `cluster`: `url` names a node of a Redis Cluster (every
+        key of a request must then share one hash tag)."""
         if "{" in prefix or "}" in prefix:
             raise ValueError("the key prefix must not contain a hash tag")
         self._timeout_s = timeout_ms / 1000.0
         self._admit_timeout_s = admit_timeout_ms / 1000.0 if admit_timeout_ms is not None else self._timeout_s
         self._prefix = prefix
-        self._require_hash_tag = require_hash_tag
-        address = Address.from_url(url, ssl_ca_certs=ssl_ca_certs, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
-        self._client = RespClient(address, timeout_s=self._timeout_s, scripts=self.SCRIPTS,
-                                  on_posted_failure=self._posted_failed)
+        self._require_hash_tag = require_hash_tag or cluster
+        self._client = redis_client(url, cluster=cluster, timeout_s=self._timeout_s, scripts=self.SCRIPTS,
+                                    on_posted_failure=self._posted_failed, ssl_ca_certs=ssl_ca_certs,
+                                    ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
         self._cancelling: dict[AdmitRequest, asyncio.Task[None]] = {}
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
         self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call

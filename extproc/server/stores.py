@@ -9,10 +9,10 @@ from collections.abc import Callable
 from extproc.config import Policy
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway.calibration import PromptCalibration
+from extproc.limits.cluster import redis_client
 from extproc.limits.failover import FailoverStore
 from extproc.limits.memory import MemoryStore
 from extproc.limits.redis_store import RedisStore
-from extproc.limits.resp import Address, RespClient
 from extproc.limits.slices import Slices
 from extproc.limits.types import Store
 from extproc.server.calibration_sync import CalibrationSync
@@ -40,7 +40,7 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     replicas = limits.replicas or max(1, len(policy.envoy.extproc_endpoints))
     slices = Slices(replica_name(), limits.slice_ttl_ms / 1000.0) if limits.slices else None
     # The Redis client enforces the decision deadline itself, on the admission's reply (see FailoverStore).
-    redis = RedisStore(url, admit_timeout_ms=limits.decision_deadline_ms, slices=slices)
+    redis = RedisStore(url, admit_timeout_ms=limits.decision_deadline_ms, slices=slices, cluster=limits.redis_cluster)
     # Redis bounds every call itself (the admission deadline on the reply, the rest by its client
     # timeout; release and settle do not wait for replies), so the failover adds no timers of its own.
     store = FailoverStore(redis, MemoryStore(), limits.on_store_failure, deadline_ms=None,
@@ -56,7 +56,8 @@ def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Calla
     if policy.limits.store != "redis" or not url or not flow.enabled or flow.fleet_sync_ms <= 0:
         return None
     interval_s = flow.fleet_sync_ms / 1000.0
-    client = RespClient(Address.from_url(url), timeout_s=max(0.05, interval_s), scripts=FleetSync.SCRIPTS)
+    client = redis_client(url, cluster=policy.limits.redis_cluster, timeout_s=max(0.05, interval_s),
+                          scripts=FleetSync.SCRIPTS)
     return FleetSync(client, endpoints, interval_s, on_sync=on_sync)
 
 
@@ -65,5 +66,5 @@ def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> Ca
     url = _redis_url(policy)
     if policy.limits.store != "redis" or not url or not policy.limits.calibrate_prompt_tokens:
         return None
-    client = RespClient(Address.from_url(url), timeout_s=1.0, scripts=CalibrationSync.SCRIPTS)
+    client = redis_client(url, cluster=policy.limits.redis_cluster, timeout_s=1.0, scripts=CalibrationSync.SCRIPTS)
     return CalibrationSync(client, calibration)

@@ -9,6 +9,7 @@ from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway.calibration import PromptCalibration
 from extproc.limits import AdmitRequest, FailoverStore, MemoryStore, RedisStore, TokenBudget
+from extproc.limits.cluster import ClusterClient
 from extproc.server.stores import REDIS_URL_ENV, build_calibration_sync, build_fleet_sync, build_store
 
 
@@ -94,3 +95,22 @@ async def test_replicas_share_prompt_calibration_through_the_limits_redis(
     assert (sync is not None) == shared
     if sync is not None:
         await sync.stop()
+
+
+async def test_a_redis_cluster_gets_the_cluster_client_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    limits = {"store": "redis", "redis_url": "redis://127.0.0.1:1/0", "redis_cluster": True}
+    parsed = parse_policy(policy(limits), "p.yaml")
+    store, redis = build_store(parsed)
+    fleet = build_fleet_sync(parsed, EndpointRegistry(), lambda: None)
+    sync = build_calibration_sync(parsed, PromptCalibration())
+    try:
+        assert redis is not None and isinstance(redis._client, ClusterClient)
+        assert fleet is not None and isinstance(fleet._client, ClusterClient)
+        assert sync is not None and isinstance(sync._client, ClusterClient)
+    finally:
+        await store.close()
+        if fleet is not None:
+            await fleet.stop()
+        if sync is not None:
+            await sync.stop()
