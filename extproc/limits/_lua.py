@@ -37,27 +37,10 @@ from __future__ import annotations
 
 __all__ = ["ADMIT", "CANCEL", "SETTLE"]
 
-# add(key, delta, ttl_ms): window counter += delta, never below 0; keeps the key's TTL, or sets ttl_ms
-# when the key is new (or had expired).
-_ADD = r"""
-local function add(key, delta, ttl_ms)
-  local v = tonumber(redis.call('GET', key) or '0') + delta
-  if v < 0 then v = 0 end
-  if redis.call('PTTL', key) > 0 then
-    redis.call('SET', key, string.format('%d', v), 'KEEPTTL')
-  else
-    redis.call('SET', key, string.format('%d', v), 'PX', ttl_ms)
-  end
-end
-"""
-
 ADMIT = r"""
 if redis.call('EXISTS', KEYS[#KEYS]) == 1 then return {-1} end
-local now = tonumber(ARGV[1])
-local tokens = tonumber(ARGV[2])
-local rid = ARGV[3]
+local now, tokens, rid, eps = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[7])
 local nr, nc, nb = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local eps = tonumber(ARGV[7])
 local me, slice_ttl = ARGV[9], tonumber(ARGV[10])
 local nd, wb, sl = nr + nc + nb, nr + nc, nr + nc + 2 * nb
 local function fmt(x) return string.format('%.17g', x) end
@@ -210,12 +193,19 @@ end
 return reply
 """
 
-SETTLE = _ADD + r"""
+SETTLE = r"""
 local reserved = redis.call('GET', KEYS[1])
 if not reserved then return 0 end
 redis.call('DEL', KEYS[1])
 local delta = tonumber(ARGV[1]) - tonumber(reserved)
-for i = 2, #KEYS do add(KEYS[i], delta, ARGV[i]) end
+for i = 2, #KEYS do  -- every counter stays >= 0; a counter that expired is created again with its ttl
+  local v = math.max(0, tonumber(redis.call('GET', KEYS[i]) or '0') + delta)
+  if redis.call('PTTL', KEYS[i]) > 0 then
+    redis.call('SET', KEYS[i], string.format('%d', v), 'KEEPTTL')
+  else
+    redis.call('SET', KEYS[i], string.format('%d', v), 'PX', ARGV[i])
+  end
+end
 return 1
 """
 

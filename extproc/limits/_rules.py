@@ -14,31 +14,6 @@ from dataclasses import dataclass
 
 from extproc.limits.types import AdmitRequest, AdmitResult, LimitState
 
-__all__ = [
-    "CONCURRENCY_RETRY_S",
-    "EPSILON",
-    "RETRY_MARGIN_S",
-    "TOO_LARGE",
-    "Check",
-    "Observed",
-    "bucket_admits",
-    "bucket_level",
-    "bucket_reset_s",
-    "bucket_retry_s",
-    "bucket_ttl_s",
-    "budget_admits",
-    "budget_name",
-    "cap_admits",
-    "concurrency_retry_s",
-    "decide",
-    "refused_label",
-    "verdict",
-    "window_estimate",
-    "window_index",
-    "window_retry_s",
-    "window_ttl_s",
-]
-
 # A refused concurrency check retries after this long at most: a lease may be released at any moment.
 CONCURRENCY_RETRY_S = 1.0
 # Comparisons allow this much rounding (in tokens): a request retried exactly after `retry_after_s`
@@ -54,13 +29,7 @@ TOO_LARGE = "too-large"
 
 def budget_name(window_s: int) -> str:
     """The LimitState name of a token budget: "tokens" per minute, "tokens-day" per day, ..."""
-    if window_s == 60:
-        return "tokens"
-    if window_s == 3600:
-        return "tokens-hour"
-    if window_s == 86400:
-        return "tokens-day"
-    return f"tokens-{window_s}s"
+    return {60: "tokens", 3600: "tokens-hour", 86400: "tokens-day"}.get(window_s, f"tokens-{window_s}s")
 
 
 def refused_label(name: str, key: str, too_large: bool = False) -> str:

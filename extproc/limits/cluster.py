@@ -21,10 +21,10 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from extproc.limits.resp import Address, Arg, Posted, Redirected, RedisClient, RespClient, Script
+from extproc.limits.resp import Address, Arg, Posted, Redirected, RespClient, Script
 from extproc.limits.types import StoreUnavailable
 
-__all__ = ["ClusterClient", "key_slot", "redis_client"]
+__all__ = ["ClusterClient", "RedisClient", "hash_tag", "key_slot", "redis_client"]
 
 _log = logging.getLogger(__name__)
 _SLOTS = 16384
@@ -32,15 +32,17 @@ _MAX_REDIRECTS = 3
 _REFRESH_S = 0.25
 
 
+def hash_tag(key: str) -> str | None:
+    """The hash tag of `key` (text between the first "{" and the next "}", not empty), if any."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1:end] if end > start + 1 else None
+
+
 def key_slot(key: Arg) -> int:
-    """The cluster slot of `key`: CRC16 of its hash tag (text inside the first "{...}") or of all of it."""
-    raw = key.encode() if isinstance(key, str) else str(key).encode() if isinstance(key, int) else key
-    start = raw.find(b"{")
-    if start >= 0:
-        end = raw.find(b"}", start + 1)
-        if end > start + 1:
-            raw = raw[start + 1:end]
-    return binascii.crc_hqx(raw, 0) % _SLOTS
+    """The cluster slot of `key`: CRC16 of its hash tag, else of the whole key."""
+    text = key.decode() if isinstance(key, bytes) else str(key)
+    return binascii.crc_hqx((hash_tag(text) or text).encode(), 0) % _SLOTS
 
 
 class ClusterClient:
@@ -54,14 +56,6 @@ class ClusterClient:
         self._slots: list[tuple[str, int] | None] = [None] * _SLOTS
         self._refresh: asyncio.Task[None] | None = None
         self._refreshed_at = float("-inf")
-
-    @property
-    def posted_failures(self) -> dict[str, int]:
-        merged: dict[str, int] = {}
-        for node in self._nodes.values():
-            for op, count in node.posted_failures.items():
-                merged[op] = merged.get(op, 0) + count
-        return merged
 
     async def call(self, *args: Arg) -> Any:
         """A command on its key's node (`args[1]`), or, without a key (PING), on every node."""
@@ -142,16 +136,14 @@ class ClusterClient:
         """Ask for the slot map again in the background (at most every _REFRESH_S)."""
         loop = asyncio.get_running_loop()
         if self._refresh is None and loop.time() - self._refreshed_at >= _REFRESH_S:
-            self._refresh = loop.create_task(self._refresh_slots())
+            self._refreshed_at = loop.time()
+            self._refresh = loop.create_task(self._learn_slots())
+            self._refresh.add_done_callback(self._refreshed)
 
-    async def _refresh_slots(self) -> None:
-        try:
-            await self._learn_slots()
-        except StoreUnavailable as exc:
-            _log.warning("redis cluster: no node answered CLUSTER SLOTS: %s", exc)
-        finally:
-            self._refreshed_at = asyncio.get_running_loop().time()
-            self._refresh = None
+    def _refreshed(self, task: asyncio.Task[None]) -> None:
+        self._refresh = None
+        if not task.cancelled() and task.exception() is not None:
+            _log.warning("redis cluster: no node answered CLUSTER SLOTS: %s", task.exception())
 
     async def _learn_slots(self) -> None:
         seed = (self._seed.host, self._seed.port)
@@ -173,9 +165,12 @@ class ClusterClient:
 
 def redis_client(url: str, *, cluster: bool, timeout_s: float, scripts: Sequence[Script] = (),
                  on_posted_failure: Callable[[str, str], None] | None = None,
-                 **tls: str | None) -> RedisClient:
+                 **tls: str | None) -> RespClient | ClusterClient:
     """The client of a Redis (`cluster`: of a Redis Cluster, `url` naming any of its nodes)."""
     address = Address.from_url(url, **tls)
     if cluster:
         return ClusterClient(address, timeout_s=timeout_s, scripts=scripts, on_posted_failure=on_posted_failure)
     return RespClient(address, timeout_s=timeout_s, scripts=scripts, on_posted_failure=on_posted_failure)
+
+
+RedisClient = RespClient | ClusterClient  # what the limits store and the replicas' exchanges talk through

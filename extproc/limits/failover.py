@@ -1,38 +1,21 @@
-"""`FailoverStore`: a shared primary store (Redis) with a policy for when it is down or slow.
+"""`FailoverStore`: a shared primary store (Redis) with a policy for when it is down or slow (README,
+"The limits model": what it admits while Redis is away).
 
-Each admission waits at most `deadline_ms` for the primary (None: the primary bounds its admissions
-itself, as `RedisStore(admit_timeout_ms=...)` does on the reply). A primary with slices
-(`SlicedStore`, e.g. `RedisStore`) is asked for an admission from them first, even while it is marked
-down: a replica keeps what its slices allow. Then, on `StoreUnavailable` or the deadline:
-  - "fail-open": the fallback store (a per-replica `MemoryStore`) decides with every limit scaled by
-    `fallback_share` (the caller passes 1 / replicas; rounded up, at least 1), and each token budget
-    capped, until the end of its current window, by that share of what the primary last said was left
-    beyond every slice, minus what the fallback admitted since (`SlicedStore.fail_open_caps`). What
-    this adds over a limit while the primary is away is bounded as the README states;
-  - "fail-closed": refused with refused_by="store_unavailable" and `retry_after_s`.
-After a failure the primary is marked down and not asked again until `probe_backoff_s` has passed;
-then one admission probes it (others keep using the policy meanwhile) and success marks it up. A late
-reply (`StoreTimeout`, or the deadline here) marks it down only after `down_after_timeouts` in a row
-spanning at least `down_after_s`: late replies around a scheduling hiccup on a busy node (several
-admissions in flight time out together) have those admissions decided by the policy, and the next ones
-ask the primary again. Any other failure (refused connection, lost connection,
-server error) marks it down at once.
-One log line per change of state (down / up); `failures_total` counts every failed primary call.
-
-Reservations remember where they were admitted: release/settle of a fallback admission go to the
-fallback, all others to the primary (bounded by `cleanup_deadline_ms`, or by the primary itself when
-None, as `RedisStore` bounds every call by its client timeout; tried even while it is marked down so
-leases are not left to expire). A failing release/settle is logged and counted, never raised:
-its leases expire by TTL and its reservation stays at the estimate. `record_failure` counts failures
-the primary only learns of later (a posted call whose reply was an error). An admission the fallback
-decided because the primary's reply was late stays in the primary too when the fallback admits it
-(`SlicedStore.keep`: the primary runs it and counts it) and is undone there otherwise; its release and
-settle go to both. Other tokens the fallback admitted are not added to the primary afterwards.
+The primary bounds its own calls (`RedisStore`: the decision deadline for admissions, its client
+timeout otherwise). A `SlicedStore` primary is asked for an admission from its slices first, even while
+marked down. On `StoreUnavailable` (`StoreTimeout`: a late reply): "fail-open" decides with the fallback
+(a per-replica `MemoryStore`) at `fallback_share` (1 / replicas) of every limit, each token budget also
+capped by the primary's view of what was left (`Slices.caps`); a late admission it admits is kept by
+the primary (`keep`), one it refuses is undone. "fail-closed" refuses ("store_unavailable",
+`retry_after_s`). A failure marks the primary down (not asked again until `probe_backoff_s`, then one
+admission probes it); late replies do so only after `down_after_timeouts` in a row over at least
+`down_after_s` (a scheduling hiccup makes several late at once). Release/settle go where the reservation
+was admitted (a kept one: both), tried on the primary even while it is down; failures are counted and
+logged, never raised. `record_failure`: a failure the primary learns of later (a posted call).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import math
@@ -41,6 +24,7 @@ from collections.abc import Callable
 from typing import Literal, Protocol, runtime_checkable
 
 from extproc.limits.memory import MemoryStore
+from extproc.limits.slices import Slices
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store, StoreTimeout, StoreUnavailable
 
 __all__ = ["STORE_UNAVAILABLE", "FailoverStore", "Policy", "SlicedStore", "share_of"]
@@ -66,22 +50,21 @@ def share_of(request: AdmitRequest, share: float) -> AdmitRequest:
 
 @runtime_checkable
 class SlicedStore(Protocol):
-    """A primary that holds slices of the limits (admits from them without waiting for itself)."""
+    """A primary that holds slices of the limits (admits from them without waiting for itself), and
+    remembers what it last said was left (`Slices.caps`)."""
+
+    slices: Slices | None
 
     async def admit_local(self, request: AdmitRequest) -> AdmitResult | None: ...
 
     def keep(self, request: AdmitRequest) -> None: ...
 
-    def fail_open_caps(self, request: AdmitRequest, share: float) -> tuple[float | None, ...]: ...
-
-    def admitted_alone(self, request: AdmitRequest) -> None: ...
-
 
 class FailoverStore:
-    def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, deadline_ms: float | None = 5.0,
-                 retry_after_s: float = 1.0, *, fallback_share: float = 1.0, probe_backoff_s: float = 1.0,
-                 cleanup_deadline_ms: float | None = 50.0, down_after_timeouts: int = 3, down_after_s: float = 0.1,
-                 clock: Callable[[], float] = time.monotonic, logger: logging.Logger | None = None) -> None:
+    def __init__(self, primary: Store, fallback: MemoryStore, policy: Policy, retry_after_s: float = 1.0, *,
+                 fallback_share: float = 1.0, probe_backoff_s: float = 1.0, down_after_timeouts: int = 3,
+                 down_after_s: float = 0.1, clock: Callable[[], float] = time.monotonic,
+                 logger: logging.Logger | None = None) -> None:
         if policy not in ("fail-open", "fail-closed"):
             raise ValueError(f"unknown store failure policy {policy!r}")
         if not 0.0 < fallback_share <= 1.0:
@@ -98,8 +81,6 @@ class FailoverStore:
         self.degraded_admits_total = 0  # admissions decided by the policy instead of the primary
         self._primary = primary
         self._fallback = fallback
-        self._deadline_s = deadline_ms / 1000.0 if deadline_ms is not None else None
-        self._cleanup_deadline_s = cleanup_deadline_ms / 1000.0 if cleanup_deadline_ms is not None else None
         self._retry_after_s = retry_after_s
         self._backoff_s = probe_backoff_s
         self._clock = clock
@@ -123,9 +104,8 @@ class FailoverStore:
                 return local
         if self._may_ask_primary():
             try:
-                async with asyncio.timeout(self._deadline_s):
-                    result = await self._primary.admit(request)
-            except (StoreTimeout, TimeoutError) as exc:
+                result = await self._primary.admit(request)
+            except StoreTimeout as exc:
                 self._late(exc)
                 return self._degraded(request, late=True)
             except StoreUnavailable as exc:
@@ -144,9 +124,8 @@ class FailoverStore:
             if not local[1]:
                 return
         try:
-            async with asyncio.timeout(self._cleanup_deadline_s):
-                await self._primary.release(reservation, now)
-        except (StoreUnavailable, TimeoutError) as exc:
+            await self._primary.release(reservation, now)
+        except StoreUnavailable as exc:
             self._failed("release", exc)
 
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
@@ -156,9 +135,8 @@ class FailoverStore:
             if not local[1]:
                 return
         try:
-            async with asyncio.timeout(self._cleanup_deadline_s):
-                await self._primary.settle(reservation, actual_tokens, now)
-        except (StoreUnavailable, TimeoutError) as exc:
+            await self._primary.settle(reservation, actual_tokens, now)
+        except StoreUnavailable as exc:
             self._failed("settle", exc)
 
     async def close(self) -> None:
@@ -221,13 +199,14 @@ class FailoverStore:
         if self.policy == "fail-closed":
             return AdmitResult(admitted=False, refused_by=STORE_UNAVAILABLE, retry_after_s=self._retry_after_s)
         sliced = self._sliced
-        caps = sliced.fail_open_caps(request, self._share) if sliced is not None else ()
-        result = self._fallback.admit_now(share_of(request, self._share), caps)
+        slices = sliced.slices if sliced is not None else None
+        result = self._fallback.admit_now(share_of(request, self._share),
+                                          slices.caps(request, self._share) if slices is not None else ())
         kept = late and result.admitted and sliced is not None
-        if sliced is not None and result.admitted:
-            sliced.admitted_alone(request)
-            if kept:
-                sliced.keep(request)
+        if slices is not None and result.admitted:
+            slices.admitted_alone(request)
+        if kept and sliced is not None:
+            sliced.keep(request)
         if result.admitted and (request.concurrency or request.budgets):
             horizon = max([c.lease_ttl_s for c in request.concurrency] + [2.0 * b.window_s for b in request.budgets])
             self._on_fallback[request.request_id] = (self._clock() + horizon, kept)

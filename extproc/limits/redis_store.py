@@ -1,49 +1,24 @@
-"""`RedisStore`: the `Store` shared by every process and replica, one atomic round trip per call.
+"""`RedisStore`: the `Store` shared by every process and replica (the README's "The limits model").
 
-Semantics are `MemoryStore`'s (see `extproc.limits.memory`; the contract tests run the same cases
-against both). `admit` is ONE Lua script (EVALSHA, run with EVAL on NOSCRIPT) that checks and takes
-every dimension atomically, so N replicas can never jointly overshoot a limit. `release` (ZREM per
-concurrency key) and `settle` (one script) are posted: written to the connection without waiting
-for the reply (`extproc.limits.resp`), since nobody waits on them; an error reply or a connection
-lost before the reply counts in `posted_failures` and calls `on_posted_failure(op, reason)`.
-`ping()` waits for every call posted before it (one connection, replies in order).
+`admit` is ONE Lua script (EVALSHA, EVAL on NOSCRIPT) that checks and takes every dimension atomically;
+with `slices`, a request inside this replica's slices is admitted at once and recorded by a posted
+script. `release` (ZREM) and `settle` (a script) are posted: written without waiting, an error reply or a
+lost connection counted in `posted_failures` and reported to `on_posted_failure(op, reason)`. `ping()`
+waits for every call posted before it. Semantics are `MemoryStore`'s (same contract tests).
 
-Keys (`prefix` defaults to "lim:"; every key expires on its own):
-    <prefix><rate.key>:rb                   token bucket hash {t, s}; TTL 2 x time to refill from empty
-    <prefix><conc.key>:cc                   lease ZSET request_id -> expiry; TTL lease_ttl_s
-    <prefix><budget.key>:tw<W>:<index>      window counter; TTL to the end of the next window (<= 2W + 1 s)
-    <prefix><budgets[0].key>:res:<id>       pending reservation (reserved tokens) until settled
-    <prefix><key>:sl                        slices of that limit: replica -> "units expiry want"
-    <prefix><first key>:x:<id>              tombstone of an abandoned admission (60 s, see below)
-Times stored are the callers' `now` (wall clock), so replicas' clocks should agree to well under a
-window; a bucket never refills backwards when one replica lags.
+Keys (`prefix` "lim:" by default, each with its own expiry; every key starts with <prefix><caller key>, so
+keeps the caller's hash tag: one request's keys must share one for Redis Cluster, `require_hash_tag`
+checks it):
+    <key>:rb  bucket {t, s}        <key>:cc  lease ZSET id -> expiry      <key>:sl  slices (claims)
+    <key>:tw<W>:<index>  window     <key>:res:<id>  pending reservation    <first key>:x:<id>  tombstone
+Times stored are the callers' `now` (wall clock): replicas' clocks should agree to well under a slice's ttl.
 
-Redis Cluster: a script may only touch keys of one hash slot. Callers must give every key of one
-request the same hash tag, e.g. "{tenant-a}" for the tenant total and "{tenant-a}:model-x" for the
-tenant x model limits. Every key above starts with <prefix><caller key>, so it keeps the caller's tag
-(the prefix must not contain "{"). `require_hash_tag=True` checks this on every call (ValueError).
-This class talks to one endpoint (standalone Redis, a primary, or a cluster-aware proxy); it does not
-route by slot itself. On a standalone Redis no tag is needed.
-
-Abandoned admissions: when `admit` times out or is cancelled (the failover deadline), the script may
-already have run, may still run later (it sits in Redis's input buffer), or never run. A background
-task then runs a CANCEL script (retried with backoff for ~8 s): it leaves a tombstone
-`<prefix><first key>:x:<id>` (60 s) so a late admit does nothing, removes the request's leases and
-returns its reserved tokens. Without it every timed-out admission would leak a lease (lease_ttl_s)
-and its reservation. A bucket token it may have taken is not refunded (the bucket refills). A
-request_id cancelled this way is refused ("cancelled") if admitted again within those 60 s.
-
-Slices (`slices`, on by default from the policy; see `extproc.limits.slices` and the README): a
-request that fits this replica's slices is admitted without waiting and recorded in Redis by a posted
-ADMIT (forced: it takes every dimension and consumes the claims); any other waits for one ADMIT, which
-decides it and renews the slices.
-
-Availability: one pipelined connection per store (`extproc.limits.resp`); every awaited call gets
-`timeout_ms` (waiting for a connect included; admissions `admit_timeout_ms`), no client retries.
-Connection errors, timeouts, refused AUTH and server errors raise `StoreUnavailable`; the failover
-layer turns that into a policy.
-TLS: a `rediss://` URL (plus `ssl_ca_certs` / client cert options); AUTH: `redis://user:pass@host`.
-Call `warm_up()` at start: a cold first call (connect, handshake, SCRIPT LOAD) can exceed 5 ms.
+An admission that times out (or is cancelled) may have run, may still run or never run: unless the
+caller `keep`s it (it admitted the request anyway), a background CANCEL (retried ~8 s) leaves a 60 s
+tombstone (a late ADMIT then does nothing; that request_id is refused "cancelled"), removes its leases and
+returns its tokens. One pipelined connection (`extproc.limits.resp`, or `extproc.limits.cluster`); every
+awaited call bounded by `timeout_ms`, admissions by `admit_timeout_ms`; failures raise `StoreUnavailable`.
+Call `warm_up()` at start (connect + SCRIPT LOAD can exceed a decision deadline).
 """
 
 from __future__ import annotations
@@ -56,7 +31,7 @@ from functools import partial
 
 from extproc.limits import _lua
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
-from extproc.limits.cluster import redis_client
+from extproc.limits.cluster import hash_tag, redis_client
 from extproc.limits.resp import Arg, Script
 from extproc.limits.slices import KEEP, Slices
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable
@@ -71,17 +46,6 @@ _CANCEL_RETRY_DELAYS_S = (0.0, 0.1, 0.5, 2.0, 5.0)
 _CANCEL_MIN_TIMEOUT_S = 0.25
 _MAX_PENDING_CANCELS = 10_000
 _WARM_UP_MIN_S = 1.0
-
-
-def hash_tag(key: str) -> str | None:
-    """The Redis Cluster hash tag of `key` (text between the first "{" and the next "}"), if any."""
-    start = key.find("{")
-    if start < 0:
-        return None
-    end = key.find("}", start + 1)
-    if end <= start + 1:
-        return None
-    return key[start + 1:end]
 
 
 def _ms(seconds: float) -> str:
@@ -115,34 +79,20 @@ class RedisStore:
                                     ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
         self._cancelling: dict[AdmitRequest, asyncio.Task[None]] = {}
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
+        self.posted_failures: dict[str, int] = {}  # posted calls (release, settle, record) that failed, by op
         self.on_posted_failure: Callable[[str, str], None] | None = None  # (op, reason) of a failed posted call
         self.slices = slices
-
-    @property
-    def cancelling(self) -> int:
-        """Abandoned admissions whose undo is still pending."""
-        return len(self._cancelling)
-
-    @property
-    def posted_failures(self) -> dict[str, int]:
-        """Posted calls (release, settle, recordings) that failed, by operation."""
-        return dict(self._client.posted_failures)
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         if not (request.rates or request.concurrency or request.budgets):
             return AdmitResult(admitted=True)
-        local = self.slices.take(request) if self.slices is not None else None
-        if local is not None:
-            await self._record(request)
-            return local
-        return await self._decide(request)
+        local = await self.admit_local(request)
+        return local if local is not None else await self._decide(request)
 
     async def admit_local(self, request: AdmitRequest) -> AdmitResult | None:
         """The admission from this replica's slices, recorded without waiting; None if it does not fit
         (the failover layer asks this while Redis is marked down)."""
-        if self.slices is None:
-            return None
-        local = self.slices.take(request)
+        local = self.slices.take(request) if self.slices is not None else None
         if local is not None:
             try:
                 await self._record(request)
@@ -150,28 +100,20 @@ class RedisStore:
                 self._posted_failed("record", str(exc))
         return local
 
-    def fail_open_caps(self, request: AdmitRequest, share: float) -> tuple[float | None, ...]:
-        """Per budget, what a replica deciding alone may still admit (see `Slices.caps`)."""
-        return self.slices.caps(request, share) if self.slices is not None else ()
-
-    def admitted_alone(self, request: AdmitRequest) -> None:
-        if self.slices is not None:
-            self.slices.admitted_alone(request)
-
     async def _decide(self, request: AdmitRequest) -> AdmitResult:
         slices = self.slices
         wants = slices.wants(request) if slices is not None else None
         keys, args = self._admit_call(request, wants, forced=False)
+        reply: list[bytes | int] = [-1]
         try:
-            reply: list[bytes | int] = await self._client.evalsha(self.ADMIT, keys, args, self._admit_timeout_s)
+            reply = await self._client.evalsha(self.ADMIT, keys, args, self._admit_timeout_s)
         except (StoreUnavailable, asyncio.CancelledError):
-            if slices is not None and wants is not None:
-                slices.failed(request, wants)
             self._abandon(request)
             raise
+        finally:
+            if slices is not None and wants is not None and int(reply[0]) < 0:
+                slices.failed(request, wants)  # no answer, or cancelled: the slices asked for are not granted
         if int(reply[0]) < 0:
-            if slices is not None and wants is not None:
-                slices.failed(request, wants)
             return AdmitResult(admitted=False, refused_by=CANCELLED, retry_after_s=_TOMBSTONE_TTL_S)
         seen, granted = _parse(reply, request)
         result = decide(request, seen)
@@ -192,9 +134,9 @@ class RedisStore:
                     ) -> tuple[list[Arg], list[Arg]]:
         """KEYS and ARGV of the ADMIT script for `request` (see `extproc.limits._lua`)."""
         now, p = request.now, self._prefix
+        names = [r.key for r in request.rates] + [c.key for c in request.concurrency] + [b.key for b in request.budgets]
         if self._require_hash_tag:
-            self._check_slot([r.key for r in request.rates] + [c.key for c in request.concurrency]
-                             + [b.key for b in request.budgets])
+            self._check_slot(names)
         slices = self.slices
         want = iter(wants if wants is not None else ())
         keep = str(KEEP)
@@ -214,9 +156,7 @@ class RedisStore:
             ttl = window_ttl_s(index, b.window_s, now)
             marker_ttl = max(marker_ttl, ttl)
             args += [b.limit, b.window_s, index, _ms(ttl), next(want, keep)]
-        keys += [f"{p}{r.key}:sl" for r in request.rates]
-        keys += [f"{p}{c.key}:sl" for c in request.concurrency]
-        keys += [f"{p}{b.key}:sl" for b in request.budgets]
+        keys += [f"{p}{name}:sl" for name in names]
         if request.budgets:
             keys.append(self._marker(request.budgets[0].key, request.request_id))
             args.append(_ms(marker_ttl))
@@ -246,7 +186,7 @@ class RedisStore:
 
     async def warm_up(self) -> None:
         """Connect (which loads the scripts), so that the first admissions do not pay connect +
-        handshake + SCRIPT LOAD against a 5 ms failover deadline. Call at start; raises
+        handshake + SCRIPT LOAD against the decision deadline. Call at start; raises
         StoreUnavailable (with a longer allowance of 1 s) if Redis cannot be reached."""
         try:
             async with asyncio.timeout(max(_WARM_UP_MIN_S, self._timeout_s)):
@@ -262,6 +202,7 @@ class RedisStore:
 
     def _posted_failed(self, op: str, reason: str) -> None:
         _log.debug("posted %s failed: %s", op, reason)
+        self.posted_failures[op] = self.posted_failures.get(op, 0) + 1
         if self.on_posted_failure is not None:
             self.on_posted_failure(op, reason)
 

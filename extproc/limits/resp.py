@@ -20,16 +20,12 @@ service's one core. Here a call is: pack the command (`hiredis.pack_command`, C)
   restarted), run it again with EVAL, which also caches it.
 - A MOVED or ASK reply (Redis Cluster) raises `Redirected` for a call, and goes to `on_redirect` for a
   posted command (which may `repost` it elsewhere); `extproc.limits.cluster` follows them.
-- Connect: `redis://[user:password@]host[:port][/db]` or `rediss://` (TLS, with optional CA file and
-  client certificate), AUTH, SELECT and SCRIPT LOAD of the client's scripts on connect (so a posted
-  EVALSHA stays in order with the calls after it; only a SCRIPT FLUSH while connected makes one
-  posted script run late, after its EVAL retry). One connect at a time, shared by every waiter and
-  never cut short by a caller's own deadline (it has `connect_timeout_s`). After a failed connect,
-  calls fail at once for a backoff that doubles from 50 ms up to 500 ms; a connection that dies fails
-  all its pending calls and the next call reconnects.
-- A stalled server: when a caller gives up while the connection has been waiting more than
-  `stale_after_s` without any reply, the connection is dropped (its pending calls fail) and the next
-  call reconnects.
+- Connect: `redis[s]://[user:password@]host[:port][/db]` (TLS: optional CA file and client
+  certificate), then AUTH, SELECT and SCRIPT LOAD of the client's scripts (a posted EVALSHA stays in
+  order with later calls). One connect at a time, shared by every waiter, bounded by
+  `connect_timeout_s` only; after a failure calls fail at once for a backoff doubling from 50 ms to
+  500 ms. A connection that dies fails all its pending calls; the next call reconnects. A caller giving
+  up on a connection silent for over `stale_after_s` drops it (its pending calls fail).
 """
 
 from __future__ import annotations
@@ -41,14 +37,14 @@ import ssl
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 import hiredis
 
 from extproc.limits.types import StoreTimeout, StoreUnavailable
 
-__all__ = ["Address", "Posted", "Redirected", "RedisClient", "RespClient", "Script"]
+__all__ = ["Address", "Posted", "Redirected", "RespClient", "Script"]
 
 Arg = str | bytes | int
 _BACKOFF_FIRST_S = 0.05
@@ -256,28 +252,6 @@ class _Connection(asyncio.Protocol):
                 self._on_posted_failure(waiter, reason)
             elif not waiter.done():
                 waiter.set_exception(StoreUnavailable(reason))
-
-
-class RedisClient(Protocol):
-    """What the limits store and the replicas' exchanges need of a Redis client (`RespClient`, or
-    `extproc.limits.cluster.ClusterClient` for a Redis Cluster)."""
-
-    @property
-    def posted_failures(self) -> dict[str, int]: ...
-
-    async def call(self, *args: Arg) -> Any: ...
-
-    async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
-                      timeout_s: float | None = None) -> Any: ...
-
-    async def post(self, op: str, *args: Arg) -> None: ...
-
-    async def post_evalsha(self, op: str, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
-                           on_reply: Callable[[Any], None] | None = None) -> None: ...
-
-    async def connect(self) -> None: ...
-
-    async def close(self) -> None: ...
 
 
 class RespClient:

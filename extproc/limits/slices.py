@@ -1,18 +1,10 @@
-"""Slices: the part of each hot limit this replica may admit from without asking Redis.
-
-The model is explained in the README ("Tenants, limits and token accounting"). In short: Redis keeps,
-per limit key, a claim per replica (units, expiry); other replicas' live claims count as used there. A
-request whose every dimension fits this replica's live slices is admitted here and recorded in Redis
-without waiting (the recording consumes the claim). Otherwise one awaited admission decides it
-atomically in Redis and, for keys with recent demand, replaces the claim by a new slice: at most half
-of what is left, split by the replicas' demand, none below two requests' worth (so near a limit every
-admission is decided in Redis); a key is busy when other requests asked for it within about a ttl.
-While that call is in flight the old slice is not used (Redis gives
-back its unused part when it replaces it). A slice is used only until `ttl_s - guard_s` after its
-grant; Redis drops it at `ttl_s`.
-
-`Slices` also remembers what Redis's last decision said was left beyond every slice (`unclaimed`): the
-fail-open share of a budget is capped by it (`caps`). No I/O here: `RedisStore` sends and applies replies.
+"""Slices: the part of each busy limit this replica may admit from without asking Redis (README, "The
+limits model"). Per limit key: the slice Redis granted (units left, until when it may be used: a
+quarter of the ttl before Redis drops the claim), whether a call replacing it is in flight (then it is
+not used), the recent demand (decayed over about a ttl: what a renewal asks for, nothing unless other
+requests came meanwhile; Redis grants none below two requests), and what Redis's last decision said was
+left beyond every slice (`unclaimed`, minus what the fail-open policy admitted since: `caps`). No I/O:
+`RedisStore` sends and applies the replies.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from extproc.gateway.calibration import PromptCalibration
-from extproc.limits.resp import RedisClient
+from extproc.limits.cluster import RedisClient
 from extproc.server.fleet import ReplicaExchange, exchange, replica_name
 
 __all__ = ["CALIBRATION_KEY", "CalibrationSync"]

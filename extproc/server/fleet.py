@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 from extproc.aio import cancel_and_wait
 from extproc.endpoints import EndpointRegistry
-from extproc.limits.resp import RedisClient, Script
+from extproc.limits.cluster import RedisClient
+from extproc.limits.resp import Script
 from extproc.limits.types import StoreUnavailable
 
 __all__ = ["FLEET_KEY", "FleetSync", "exchange", "parse_counts", "replica_name"]

@@ -43,8 +43,7 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     redis = RedisStore(url, admit_timeout_ms=limits.decision_deadline_ms, slices=slices, cluster=limits.redis_cluster)
     # Redis bounds every call itself (the admission deadline on the reply, the rest by its client
     # timeout; release and settle do not wait for replies), so the failover adds no timers of its own.
-    store = FailoverStore(redis, MemoryStore(), limits.on_store_failure, deadline_ms=None,
-                          cleanup_deadline_ms=None, fallback_share=1.0 / replicas)
+    store = FailoverStore(redis, MemoryStore(), limits.on_store_failure, fallback_share=1.0 / replicas)
     redis.on_posted_failure = store.record_failure
     return store, redis
 

@@ -81,13 +81,17 @@ async def test_tenants_on_different_primaries_are_exact_across_replicas(cluster:
             await asyncio.sleep(delay_s)
             return (await replica.admit(req(rid, tag, 10))).admitted
 
+        for replica in replicas:  # two requests each: busy keys, so every replica holds slices
+            for tag in tags:
+                for n in range(2):
+                    assert (await replica.admit(req(f"warm-{id(replica)}-{tag}-{n}", tag, 10))).admitted
         results = await asyncio.gather(*(one(replica, f"{tag}-{i}-{n}", tag, n * 0.001)
                                          for n in range(300) for i, replica in enumerate(replicas) for tag in tags))
         for replica in replicas:
             await replica.ping()
         for k, tag in enumerate(tags):  # each tenant offered 3x its 3,000 tokens
-            admitted = 10 * sum(results[k::len(tags)])
-            assert admitted == counted(cluster, tag) and 2700 <= admitted <= 3000
+            admitted = 60 + 10 * sum(results[k::len(tags)])
+            assert admitted == counted(cluster, tag) and 2400 <= admitted <= 3000  # unused slices: the rest
         assert sum(r.slices.local_total for r in replicas if r.slices is not None) > 0
         assert all(r.posted_failures == {} for r in replicas)
     finally:
@@ -136,8 +140,7 @@ async def test_a_primary_fails_over_and_admissions_return_to_redis(cluster: Redi
     tag = tenants_on(cluster, 1)[0]
     slot = key_slot(tag)
     primary = cluster.owner(slot)
-    failover = FailoverStore(store(cluster, "f", slices=False), MemoryStore(), "fail-open", deadline_ms=None,
-                             cleanup_deadline_ms=None, probe_backoff_s=0.2)
+    failover = FailoverStore(store(cluster, "f", slices=False), MemoryStore(), "fail-open", probe_backoff_s=0.2)
     try:
         for i in range(3):
             assert (await failover.admit(req(f"up-{i}", tag, 100))).admitted

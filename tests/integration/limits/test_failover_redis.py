@@ -42,9 +42,9 @@ def reservation(rid: str) -> Reservation:
 
 def failover(server: RedisServer, policy: Policy) -> tuple[FailoverStore, MemoryStore]:
     fallback = MemoryStore()
-    primary = RedisStore(server.url, timeout_ms=500)
+    primary = RedisStore(server.url, timeout_ms=500, admit_timeout_ms=DEADLINE_MS)
     # down at the first late reply (the default waits for three in a row: tests/unit/limits/test_failover.py)
-    return FailoverStore(primary, fallback, policy, deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S,
+    return FailoverStore(primary, fallback, policy, probe_backoff_s=BACKOFF_S,
                          down_after_timeouts=1, down_after_s=0.0), fallback
 
 
@@ -139,8 +139,8 @@ async def test_fail_open_keeps_its_slice_then_is_capped_by_what_redis_had_left(
         servers: Callable[..., RedisServer]) -> None:
     server = servers()
     fallback = MemoryStore()
-    primary = RedisStore(server.url, timeout_ms=500, slices=Slices("me", ttl_s=30.0))
-    store = FailoverStore(primary, fallback, "fail-open", deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S,
+    primary = RedisStore(server.url, timeout_ms=500, admit_timeout_ms=DEADLINE_MS, slices=Slices("me", ttl_s=30.0))
+    store = FailoverStore(primary, fallback, "fail-open", probe_backoff_s=BACKOFF_S,
                           down_after_timeouts=1, down_after_s=0.0, fallback_share=1 / 3)
     raw, staller = Redis.from_url(server.url), Redis.from_url(server.url)
     budget = TokenBudget("{t}:capped", limit=1000, window_s=60)

@@ -175,13 +175,15 @@ async def test_three_replicas_bursting_at_three_times_a_budget_never_exceed_it(r
             await asyncio.sleep(delay_s)  # arrivals spread over ~50 ms, as through Envoy
             return (await replica.admit(req(rid, tokens, tpm))).admitted
 
+        for replica in replicas:  # two requests each first: every replica holds a slice when the burst starts
+            await warm(replica, tpm, tokens)
         results = await asyncio.gather(*(one(replica, f"{i}-{n}", n * 0.05 / per_replica)
                                          for n in range(per_replica) for i, replica in enumerate(replicas)))
         for replica in replicas:
             await replica.ping()
-        admitted = sum(results) * tokens
+        admitted = (sum(results) + 2 * len(replicas)) * tokens
         assert admitted == await window_tokens(raw, prefix, tpm)
-        assert 0.9 * tpm.limit <= admitted <= tpm.limit  # slices left unused at the end hold the rest
+        assert 0.8 * tpm.limit <= admitted <= tpm.limit  # slices left unused at the end hold the rest
         assert sum(slices(r).local_total for r in replicas) > 0
         assert sum(slices(r).uncovered_total for r in replicas) == 0
     finally:

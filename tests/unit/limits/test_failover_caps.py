@@ -29,7 +29,7 @@ class FlakyPrimary:
 
     def __init__(self) -> None:
         self.inner = MemoryStore()
-        self.slices = Slices("me")
+        self.slices: Slices | None = Slices("me")
         self.down = False
         self.late = False  # admissions run (here: at once), but their replies come too late
         self.kept: list[str] = []
@@ -54,12 +54,6 @@ class FlakyPrimary:
 
     async def admit_local(self, request: AdmitRequest) -> AdmitResult | None:
         return self.slices.take(request)
-
-    def fail_open_caps(self, request: AdmitRequest, share: float) -> tuple[float | None, ...]:
-        return self.slices.caps(request, share)
-
-    def admitted_alone(self, request: AdmitRequest) -> None:
-        self.slices.admitted_alone(request)
 
     def keep(self, request: AdmitRequest) -> None:
         self.kept.append(request.request_id)
