@@ -43,9 +43,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokens-per-min", type=int, default=30_000, help="the heavy tenant's limit")
     parser.add_argument("--overload", type=float, default=5.0, help="offered / limit for the heavy tenant")
     parser.add_argument("--duration", type=float, default=180.0, help="seconds of overload (default 180)")
-    parser.add_argument("--baseline", type=float, default=60.0, help="seconds of the unlimited tenant alone first")
+    parser.add_argument("--baseline", type=float, default=180.0,
+                        help="seconds of the unlimited tenant alone first (default 180: its TTFT p99 needs thousands "
+                             "of samples on a busy machine)")
     parser.add_argument("--cap", type=int, default=200, help="the heavy tenant's tier max_output_tokens (default 200)")
-    parser.add_argument("--light-rate", type=float, default=10.0, help="req/s of the unlimited tenant (default 10)")
+    parser.add_argument("--light-rate", type=float, default=20.0, help="req/s of the unlimited tenant (default 20)")
     parser.add_argument("--redis-server", default="redis-server", help="redis-server binary")
     parser.add_argument("--json", metavar="FILE", default="reports/limits.json", help="report path")
     parser.add_argument("--workdir", metavar="DIR", help="where config and logs go (default: temp)")
