@@ -53,7 +53,17 @@ class RedisCluster:
         subprocess.run([cli, "--cluster", "create", *(f"127.0.0.1:{s.port}" for s in self.servers),
                         "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=30)
         self.wait(lambda: all(self.healthy(s.port) for s in self.servers), "cluster_state:ok on every node")
+        self.wait(self.replicated, "every primary's replica attached and in sync")
         return self
+
+    def replicated(self) -> bool:
+        primaries = self.primaries()
+        for server in self.servers:
+            with self.node(server.port) as node:
+                info = node.info("replication")
+            if info.get("connected_slaves" if server.port in primaries else "master_link_status") not in (1, "up"):
+                return False
+        return True
 
     def stop(self) -> None:
         for server in self.servers:

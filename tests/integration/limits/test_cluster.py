@@ -144,8 +144,9 @@ async def test_a_primary_fails_over_and_admissions_return_to_redis(cluster: Redi
     try:
         for i in range(3):
             assert (await failover.admit(req(f"up-{i}", tag, 100))).admitted
-        with cluster.node(primary) as node:
-            assert node.execute_command("WAIT", 1, 2000) == 1  # type: ignore[no-untyped-call]  # on the replica too
+        with cluster.node(primary) as node:  # replication is one stream: once this write is on the replica, all are
+            node.set(f"{tag}:written", 1)
+            assert node.execute_command("WAIT", 1, 5000) == 1  # type: ignore[no-untyped-call]
         victim = cluster.server(primary)
         assert victim.proc is not None
         victim.proc.send_signal(signal.SIGKILL)
