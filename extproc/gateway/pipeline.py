@@ -233,7 +233,7 @@ class Gateway:
                     return refusal
             request, pool = self._resolve(exchange, body)
             output = request.output_tokens
-            tokens = self._prompt_tokens(exchange, request, pool.name) + (
+            tokens = self._prompt_tokens(exchange, request, pool.name, reserve=True) + (
                 output if output is not None else policy.limits.default_output_tokens * request.sequences)
             exchange.tokens = tokens
             admission = admit_request(exchange.tenant, policy.tiers[exchange.tenant.tier], pool.model,
@@ -302,13 +302,15 @@ class Gateway:
         self._metrics.flow_rejected.labels(exchange.pool, rejected.klass, rejected.reason).inc()
         return self._reject(exchange, overloaded(rejected))
 
-    def _prompt_tokens(self, exchange: Exchange, request: InferenceRequest, pool: str) -> int:
-        """The prompt's estimated tokens, calibrated against the pool's real counts when enabled."""
+    def _prompt_tokens(self, exchange: Exchange, request: InferenceRequest, pool: str, reserve: bool = False) -> int:
+        """The prompt's estimated tokens, calibrated against the pool's real counts when enabled (`reserve`:
+        the upper bound token-budget reservations use)."""
         if not exchange.prompt_estimate:
             exchange.prompt_estimate = estimate_chars(len(request.prompt_text) + request.extra_prompt_chars)
-        if not exchange.snapshot.policy.limits.calibrate_prompt_tokens:
+        limits = exchange.snapshot.policy.limits
+        if not limits.calibrate_prompt_tokens:
             return exchange.prompt_estimate
-        return self.calibration.tokens(pool, exchange.prompt_estimate)
+        return self.calibration.tokens(pool, exchange.prompt_estimate, limits.prompt_reserve_sd if reserve else 0.0)
 
     def _count_guard(self, rule: str, action: str, matches: int) -> None:
         self._metrics.guard_matches.labels(rule, action).inc(matches)
