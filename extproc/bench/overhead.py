@@ -3,7 +3,9 @@
 One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the
 rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
 (router only, same backend). The same requests go through both, in alternating rounds so machine
-noise falls on both alike; the difference is what our filter costs.
+noise falls on both alike; the difference is what our filter costs. With several `--store` values
+(e.g. memory,redis) each store gets its own service and Envoy, and the rounds alternate over all of
+them, so the stores are compared in one run.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
     parser.add_argument("--json", metavar="FILE", default="reports/overhead.json", help="report path")
     parser.add_argument("--workdir", metavar="DIR", help="where config and logs go (default: temp)")
-    parser.add_argument("--store", choices=["none", "memory", "redis"], default="none",
-                        help="limits admission on every request through this store (default none: no limits); "
-                             "redis starts a redis-server; compare runs to see the store's cost")
+    parser.add_argument("--store", default="none",
+                        help="limits admission on every request through this store: none (default: no limits), "
+                             "memory or redis (starts a redis-server); several, comma-separated (memory,redis), "
+                             "are compared in one run")
     parser.add_argument("--redis-server", default="redis-server", help="redis-server binary (with --store redis)")
     parser.add_argument("--guard", choices=["none", "builtin"], default="none",
                         help="content guard on every request: none, or builtin = every built-in detector "
@@ -65,8 +68,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-chars", type=int, default=0,
                         help="prompt length in characters (prose with one e-mail address per ~1 KiB); "
                              "default 0: the short prompt 'Say ok.'")
-    parser.add_argument("--optimistic", choices=["on", "off"], default="on",
-                        help="with --store redis: limits.optimistic_admission (default on; off = every admission "
+    parser.add_argument("--slices", choices=["on", "off"], default="on",
+                        help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
 
 
@@ -122,78 +125,100 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
     return {"requests": summary["total"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"]}
 
 
-async def run_overhead(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
-    grpc_port, admin_port, gw_port, envoy_admin, direct_port, bare_port, redis_port = free_ports(7)
+def _policy(workdir: Path, store: str, args: argparse.Namespace, direct_port: int, redis_port: int) -> Path:
+    grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
     policy_doc: dict[str, Any] = {
         "service": {"grpc_port": grpc_port, "admin_port": admin_port},
         "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
         "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
     }
-    if args.store != "none":  # every dimension checked, never refusing: the cost of admission itself
+    if store != "none":  # every dimension checked, never refusing: the cost of admission itself
         policy_doc["tiers"] = {"default": {"limits": {"requests_per_s": 1e6, "concurrency": 100_000,
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
-        policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
-                                "optimistic_admission": args.optimistic == "on"}
+        policy_doc["limits"] = {"store": store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+                                "slices": args.slices == "on"}
     if args.guard == "builtin":
         policy_doc["guard"] = {"rules": _guard_rules()}
-    _spec = _request_spec(args.prompt_chars)
+    path = workdir / f"policy-{store}.yaml"
+    path.write_text(yaml.safe_dump(policy_doc))
+    return path
+
+
+async def run_overhead(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    policy_path = workdir / "policy.yaml"
-    policy_path.write_text(yaml.safe_dump(policy_doc))
-    policy = parse_policy(policy_path.read_text(), str(policy_path))
-    envoy_config = workdir / "envoy.yaml"
-    envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
-    variants = {"with_extproc": gw_port, "envoy_only": bare_port}
-    report: dict[str, Any] = {"store": args.store, "optimistic": args.optimistic, "guard": args.guard,
+    stores = [name.strip() for name in args.store.split(",") if name.strip()]
+    if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
+        print(f"--store takes distinct values among none, memory, redis; got {args.store!r}", file=sys.stderr)
+        return 2
+    direct_port, bare_port, redis_port = free_ports(3)
+    _spec = _request_spec(args.prompt_chars)
+    report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
                               "prompt_chars": args.prompt_chars, "rate": args.rate,
                               "duration_s": args.duration, "rounds": args.rounds,
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
-        if args.store == "redis":
+        if "redis" in stores:
             await start_redis(group, redis_port, args.redis_server)
-        service = await group.start("service", [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
-                                                "--config", str(policy_path)])
-        await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=service)
-        envoy = await group.start("envoy", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
-                                            "--concurrency", str(args.envoy_concurrency), "--disable-hot-restart"])
-        await wait_http_ok(f"http://127.0.0.1:{envoy_admin}/ready", 30, child=envoy)
+        # One service + Envoy per store; the first Envoy also serves the backend and the bare listener.
+        variants: dict[str, int] = {}
+        pids: dict[str, tuple[int, int]] = {}
+        admin: dict[str, str] = {}
+        for index, store in enumerate(stores):
+            policy_path = _policy(workdir, store, args, direct_port, redis_port)
+            policy = parse_policy(policy_path.read_text(), str(policy_path))
+            envoy_config = workdir / f"envoy-{store}.yaml"
+            bootstrap = bench_bootstrap(policy, direct_port, bare_port) if index == 0 else render_static(policy)
+            envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+            service = await group.start(f"service-{store}", [PYTHON, "-m", "extproc", "--log-level", "WARNING",
+                                                             "serve", "--config", str(policy_path)])
+            admin[store] = f"http://127.0.0.1:{policy.service.admin_port}"
+            await wait_http_ok(f"{admin[store]}/readyz", 30, child=service)
+            envoy = await group.start(f"envoy-{store}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
+                                                         "--concurrency", str(args.envoy_concurrency),
+                                                         "--disable-hot-restart"])
+            await wait_http_ok(f"http://127.0.0.1:{policy.envoy.admin_port}/ready", 30, child=envoy)
+            name = "with_extproc" if len(stores) == 1 else f"with_extproc[{store}]"
+            variants[name] = policy.envoy.listen_port
+            pids[name] = (service.pid, envoy.pid)
+        variants["envoy_only"] = bare_port
         for port in variants.values():
-            await wait_port("127.0.0.1", port, 10, child=envoy)
+            await wait_port("127.0.0.1", port, 10)
         print(f"warming up (2 s per variant); logs in {workdir / 'logs'}", file=sys.stderr)
         for port in variants.values():
             await run_open_loop("127.0.0.1", port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
         samples: dict[str, list[Sample]] = {name: [] for name in variants}
+        cpu: dict[str, float] = dict.fromkeys(pids, 0.0)
         round_s = args.duration / args.rounds
-        cpu_before = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+        names = list(variants)
         for index in range(args.rounds):
-            order = list(variants.items()) if index % 2 == 0 else list(reversed(variants.items()))
-            for name, port in order:
+            order = names[index % len(names):] + names[:index % len(names)]  # each variant leads in turn
+            for name in order:
                 print(f"round {index + 1}/{args.rounds}: {name} at {args.rate:g} req/s for {round_s:g} s",
                       file=sys.stderr)
-                samples[name] += await run_open_loop("127.0.0.1", port, _spec, rate=args.rate,
+                started = cpu_seconds(pids[name][0]) if name in pids else 0.0
+                samples[name] += await run_open_loop("127.0.0.1", variants[name], _spec, rate=args.rate,
                                                      duration_s=round_s, arrival="fixed", seed=index)
-        cpu_after = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+                if name in pids:
+                    cpu[name] += cpu_seconds(pids[name][0]) - started
         fixed = {name: _latency(s) for name, s in samples.items()}
-        with_ms, without_ms = fixed["with_extproc"]["e2e_ms"], fixed["envoy_only"]["e2e_ms"]
-        added = {q: round(with_ms[q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
-                 if with_ms[q] is not None and without_ms[q] is not None}
-        requests_with = fixed["with_extproc"]["requests"]
+        without_ms = fixed["envoy_only"]["e2e_ms"]
+        added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
+                        if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in pids}
         report["fixed_rate"] = fixed
-        report["added_ms"] = added
-        report["cpu_seconds_during_fixed_rate"] = {
-            "service": round(cpu_after[0] - cpu_before[0], 3), "envoy": round(cpu_after[1] - cpu_before[1], 3),
-            "client": round(cpu_after[2] - cpu_before[2], 3),
-        }
-        report["service_cpu_us_per_request"] = round(
-            (cpu_after[0] - cpu_before[0]) / max(1, requests_with) * 1e6, 1)
+        report["added_ms"] = added["with_extproc"] if len(stores) == 1 else added
+        report["service_cpu_us_per_request"] = {
+            name: round(seconds / max(1, fixed[name]["requests"]) * 1e6, 1) for name, seconds in cpu.items()}
+        if len(stores) == 1:
+            report["service_cpu_us_per_request"] = report["service_cpu_us_per_request"]["with_extproc"]
         maximum: dict[str, Any] = {}
         for name, port in variants.items():
             print(f"max throughput: {name}, {args.concurrency} workers for {args.max_duration:g} s", file=sys.stderr)
-            before = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+            processes = pids.get(name, pids[next(iter(pids))])
+            before = (cpu_seconds(processes[0]), cpu_seconds(processes[1]), self_cpu_seconds())
             result = await run_closed_loop("127.0.0.1", port, _spec, concurrency=args.concurrency,
                                            duration_s=args.max_duration)
-            after = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+            after = (cpu_seconds(processes[0]), cpu_seconds(processes[1]), self_cpu_seconds())
             summary = summarize(result)
             maximum[name] = {
                 "achieved_rps": summary["achieved_rps"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"],
@@ -201,19 +226,24 @@ async def run_overhead(args: argparse.Namespace) -> int:
                               zip(("service", "envoy", "client"), after, before, strict=True)},
             }
         report["max_throughput"] = maximum
-        if args.store == "redis":
-            counts = await metric_sums([f"http://127.0.0.1:{admin_port}"], [*ADMISSION_PATHS, DEGRADED])
-            report["admissions"] = {path: int(counts[name]) for path, name in zip(("optimistic", "awaited"),
+        if "redis" in stores:
+            counts = await metric_sums([admin["redis"]], [*ADMISSION_PATHS, DEGRADED])
+            report["admissions"] = {path: int(counts[name]) for path, name in zip(("slice", "awaited"),
                                                                                   ADMISSION_PATHS, strict=True)}
             report["degraded_admits"] = int(counts[DEGRADED])
     rows = [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
              "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
              "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
     print(format_table(rows, ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "max_rps"]))
-    print(f"[store: {args.store}, guard: {args.guard}, prompt: {args.prompt_chars} chars] "
-          f"added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, "
-          f"p99 {added.get('p99')} ms; "
-          f"service CPU {report['service_cpu_us_per_request']} us/request")
+    for name, extra in added.items():
+        print(f"[{name}, guard: {args.guard}, prompt: {args.prompt_chars} chars] added by ext_proc at "
+              f"{args.rate:g} req/s: p50 {extra.get('p50')} ms, p99 {extra.get('p99')} ms; service CPU "
+              f"{round(cpu[name] / max(1, fixed[name]['requests']) * 1e6, 1)} us/request")
+    if "memory" in stores and "redis" in stores:
+        difference = {q: round(added["with_extproc[redis]"][q] - added["with_extproc[memory]"][q], 3)
+                      for q in ("p50", "p99")}
+        report["redis_minus_memory_ms"] = difference
+        print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")

@@ -248,20 +248,28 @@ class AuthConfig(_Strict):
 class LimitsConfig(_Strict):
     store: Literal["memory", "redis"] = "memory"
     redis_url: str | None = Field(default=None, description="redis:// or rediss://; env EXTPROC_REDIS_URL wins")
+    # redis_url names any node of a Redis Cluster: commands go to the primary serving their keys' slot
+    redis_cluster: bool = False
     on_store_failure: Literal["fail-open", "fail-closed"] = "fail-open"
-    decision_deadline_ms: float = Field(default=5.0, gt=0, le=1000)
+    # How long an admission waits for Redis's decision before the failure policy decides it (a lost or
+    # refused connection: at once). A replica deciding alone while Redis is only slow may admit what Redis
+    # then gives to others: keep it above the silences of a busy node.
+    decision_deadline_ms: float = Field(default=50.0, gt=0, le=1000)
     # Expected completion when a request sets no max_tokens: reserved, then corrected to real usage.
     default_output_tokens: int = Field(default=256, ge=1)
     # Prompt estimates (characters / 4) corrected per pool by a fit against the engines' usage.prompt_tokens
     # from the access log (extproc/gateway/calibration.py); false = the raw estimate.
     calibrate_prompt_tokens: bool = True
+    # Token-budget reservations take the calibrated estimate plus this many standard deviations of its
+    # recent relative error (settling gives the excess back); 0 = the estimate itself.
+    prompt_reserve_sd: float = Field(default=2.0, ge=0, le=10)
     lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
-    # Redis: admit without waiting for the store while its last reply (at most optimistic_max_age_ms
-    # old) left room for the request within this replica's share; near a limit, wait for Redis.
-    optimistic_admission: bool = True
-    optimistic_max_age_ms: float = Field(default=500.0, gt=0, le=60_000)
-    # Service replicas sharing the store (their share of a limit when deciding alone: fail-open and
-    # optimistic admission); default the number of envoy.extproc_endpoints (at least 1).
+    # Redis: each replica admits without waiting within its slices of the busy limits (leased from Redis,
+    # sized by its demand, none near a limit); false = every admission waits for Redis's decision.
+    slices: bool = True
+    slice_ttl_ms: float = Field(default=1000.0, ge=50, le=60_000, description="a slice's lifetime")
+    # Service replicas sharing the store (their share of a limit when deciding alone: fail-open);
+    # default the number of envoy.extproc_endpoints (at least 1).
     replicas: int | None = Field(default=None, ge=1, le=10_000)
 
     @model_validator(mode="after")

@@ -71,7 +71,7 @@ class Resolved:
     body_changed: bool  # the content guard masked text, or an output cap applied
     prompt_estimate: int  # raw character estimate of the prompt's tokens (calibration learns from it)
     prompt_tokens: int  # the estimate as calibrated against the pool's real counts
-    tokens: int  # what the request may cost: prompt + its output bound (what admission reserves)
+    tokens: int  # what admission reserves: the prompt fit's upper bound + the output bound
 
 
 @dataclass(frozen=True, slots=True)

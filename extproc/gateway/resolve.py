@@ -56,9 +56,12 @@ class Resolve:
         if capped is not None:
             request, changed = capped, True
         estimate = estimate_chars(len(request.prompt_text) + request.extra_prompt_chars)
-        prompt = self.calibration.tokens(pool.name, estimate) if limits.calibrate_prompt_tokens else estimate
+        prompt = reserved = estimate
+        if limits.calibrate_prompt_tokens:  # the fit for scheduling; its upper bound for reservations
+            prompt = self.calibration.tokens(pool.name, estimate)
+            reserved = self.calibration.tokens(pool.name, estimate, limits.prompt_reserve_sd)
         output = request.output_tokens
-        tokens = prompt + (output if output is not None else limits.default_output_tokens * request.sequences)
+        tokens = reserved + (output if output is not None else limits.default_output_tokens * request.sequences)
         return Resolved(request, pool, changed, estimate, prompt, tokens)
 
     def _within_budget(self, caller: Caller, cpu_started: float) -> None:

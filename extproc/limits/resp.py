@@ -18,16 +18,14 @@ service's one core. Here a call is: pack the command (`hiredis.pack_command`, C)
   reported to `on_posted_failure`.
 - `evalsha` / `post_evalsha` run a `Script` by SHA and, on NOSCRIPT (script cache flushed, Redis
   restarted), run it again with EVAL, which also caches it.
-- Connect: `redis://[user:password@]host[:port][/db]` or `rediss://` (TLS, with optional CA file and
-  client certificate), AUTH, SELECT and SCRIPT LOAD of the client's scripts on connect (so a posted
-  EVALSHA stays in order with the calls after it; only a SCRIPT FLUSH while connected makes one
-  posted script run late, after its EVAL retry). One connect at a time, shared by every waiter and
-  never cut short by a caller's own deadline (it has `connect_timeout_s`). After a failed connect,
-  calls fail at once for a backoff that doubles from 50 ms up to 500 ms; a connection that dies fails
-  all its pending calls and the next call reconnects.
-- A stalled server: when a caller gives up while the connection has been waiting more than
-  `stale_after_s` without any reply, the connection is dropped (its pending calls fail) and the next
-  call reconnects.
+- A MOVED or ASK reply (Redis Cluster) raises `Redirected` for a call, and goes to `on_redirect` for a
+  posted command (which may `repost` it elsewhere); `extproc.limits.cluster` follows them.
+- Connect: `redis[s]://[user:password@]host[:port][/db]` (TLS: optional CA file and client
+  certificate), then AUTH, SELECT and SCRIPT LOAD of the client's scripts (a posted EVALSHA stays in
+  order with later calls). One connect at a time, shared by every waiter, bounded by
+  `connect_timeout_s` only; after a failure calls fail at once for a backoff doubling from 50 ms to
+  500 ms. A connection that dies fails all its pending calls; the next call reconnects. A caller giving
+  up on a connection silent for over `stale_after_s` drops it (its pending calls fail).
 """
 
 from __future__ import annotations
@@ -46,7 +44,7 @@ import hiredis
 
 from extproc.limits.types import StoreTimeout, StoreUnavailable
 
-__all__ = ["Address", "RespClient", "Script"]
+__all__ = ["Address", "Posted", "Redirected", "RespClient", "Script"]
 
 Arg = str | bytes | int
 _BACKOFF_FIRST_S = 0.05
@@ -111,6 +109,20 @@ class _NoScript(StoreUnavailable):
     """EVALSHA named a script the server does not have (cache flushed or server restarted)."""
 
 
+class Redirected(StoreUnavailable):
+    """A Redis Cluster node does not serve the key's slot: MOVED (for good) or ASK (this once) to host:port."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"redis: {message}")
+        kind, slot, target = message.split()[:3]
+        host, _, port = target.rpartition(":")
+        self.ask, self.slot, self.host, self.port = kind == "ASK", int(slot), host, int(port)
+
+
+def _redirection(message: str) -> bool:
+    return message.startswith(("MOVED ", "ASK "))
+
+
 class _Expired(Exception):
     """No reply within the call's deadline."""
 
@@ -120,17 +132,16 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
         waiter.set_exception(_Expired())
 
 
-class _Posted:
-    """A posted call in the FIFO: its operation name, the EVAL arguments to resend on NOSCRIPT (packed
-    only if needed), and who wants its reply (given the reply, or `StoreUnavailable` if it failed)."""
+class Posted:
+    """A posted call in the FIFO: its operation name, its command (to send again: EVAL on NOSCRIPT, or to
+    another node on MOVED/ASK), its script if it is an EVALSHA (cleared once retried with EVAL), and who
+    wants its reply (given the reply, or `StoreUnavailable` if it failed)."""
 
-    __slots__ = ("on_reply", "op", "retry")
+    __slots__ = ("command", "on_reply", "op", "script")
 
-    def __init__(self, op: str, retry: tuple[Arg, ...] | None = None,
+    def __init__(self, op: str, command: tuple[Arg, ...], script: Script | None = None,
                  on_reply: Callable[[Any], None] | None = None) -> None:
-        self.op = op
-        self.retry = retry
-        self.on_reply = on_reply
+        self.op, self.command, self.script, self.on_reply = op, command, script, on_reply
 
     def deliver(self, reply: Any) -> None:
         if self.on_reply is not None:
@@ -143,14 +154,16 @@ class _Posted:
 class _Connection(asyncio.Protocol):
     """One socket: writes commands, resolves the FIFO of waiters as replies are parsed."""
 
-    def __init__(self, on_posted_failure: Callable[[_Posted, str], None],
-                 resend: Callable[[bytes, _Posted], None]) -> None:
+    def __init__(self, on_posted_failure: Callable[[Posted, str], None],
+                 resend: Callable[[bytes, Posted], None],
+                 on_redirect: Callable[[Posted, str], None] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         self._reader = hiredis.Reader()
         self._transport: asyncio.Transport | None = None
         self._on_posted_failure = on_posted_failure
         self._resend = resend
-        self.pending: deque[asyncio.Future[Any] | _Posted] = deque()
+        self._on_redirect = on_redirect
+        self.pending: deque[asyncio.Future[Any] | Posted] = deque()
         self._unsent: list[bytes] = []  # posted commands waiting for the next write
         self._flush_scheduled = False
         self.waiting_since = 0.0  # loop time since when the oldest pending call has had no reply
@@ -160,7 +173,7 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's is not an asyncio.Transport subclass
 
-    def send(self, command: bytes, waiter: asyncio.Future[Any] | _Posted) -> None:
+    def send(self, command: bytes, waiter: asyncio.Future[Any] | Posted) -> None:
         """Write `command` now (after any posted commands not written yet)."""
         transport = self._enqueue(waiter)
         if self._unsent:
@@ -169,7 +182,7 @@ class _Connection(asyncio.Protocol):
         else:
             transport.write(command)
 
-    def post(self, command: bytes, posted: _Posted) -> None:
+    def post(self, command: bytes, posted: Posted) -> None:
         """Write `command` with the next write, at the latest at the end of this event loop iteration:
         posts made together (an access log batch settling many requests) share one system call."""
         self._enqueue(posted)
@@ -178,7 +191,7 @@ class _Connection(asyncio.Protocol):
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
 
-    def _enqueue(self, waiter: asyncio.Future[Any] | _Posted) -> asyncio.Transport:
+    def _enqueue(self, waiter: asyncio.Future[Any] | Posted) -> asyncio.Transport:
         if self.closed or self._transport is None:
             raise StoreUnavailable("redis: connection closed")
         if not self.pending:
@@ -198,7 +211,7 @@ class _Connection(asyncio.Protocol):
         try:
             while (reply := reader.gets()) is not False:
                 waiter = pending.popleft()
-                if isinstance(waiter, _Posted):
+                if isinstance(waiter, Posted):
                     if isinstance(reply, hiredis.ReplyError):
                         self._posted_error(waiter, str(reply))
                     else:
@@ -210,10 +223,13 @@ class _Connection(asyncio.Protocol):
             return
         self.waiting_since = self._loop.time()
 
-    def _posted_error(self, posted: _Posted, message: str) -> None:
-        if posted.retry is not None and message.startswith(_NOSCRIPT):
-            retry, posted.retry = posted.retry, None
-            self._resend(_pack(retry), posted)
+    def _posted_error(self, posted: Posted, message: str) -> None:
+        if posted.script is not None and message.startswith(_NOSCRIPT):
+            body, posted.script = posted.script.body, None
+            posted.command = ("EVAL", body, *posted.command[2:])
+            self._resend(_pack(posted.command), posted)
+        elif self._on_redirect is not None and _redirection(message):
+            self._on_redirect(posted, message)
         else:
             self._on_posted_failure(posted, message)
 
@@ -232,7 +248,7 @@ class _Connection(asyncio.Protocol):
             self.lost.set_result(None)
         while self.pending:
             waiter = self.pending.popleft()
-            if isinstance(waiter, _Posted):
+            if isinstance(waiter, Posted):
                 self._on_posted_failure(waiter, reason)
             elif not waiter.done():
                 waiter.set_exception(StoreUnavailable(reason))
@@ -241,7 +257,8 @@ class _Connection(asyncio.Protocol):
 class RespClient:
     def __init__(self, address: Address, *, timeout_s: float, scripts: Sequence[Script] = (),
                  connect_timeout_s: float | None = None, stale_after_s: float | None = None,
-                 max_pending: int = 10_000, on_posted_failure: Callable[[str, str], None] | None = None) -> None:
+                 max_pending: int = 10_000, on_posted_failure: Callable[[str, str], None] | None = None,
+                 on_redirect: Callable[[Posted, str], None] | None = None) -> None:
         self._address = address
         self._scripts = tuple(scripts)
         self._timeout_s = timeout_s
@@ -249,6 +266,7 @@ class RespClient:
         self._stale_after_s = stale_after_s if stale_after_s is not None else max(1.0, 20.0 * timeout_s)
         self._max_pending = max_pending
         self._on_posted_failure = on_posted_failure
+        self._on_redirect = on_redirect
         self._conn: _Connection | None = None
         self._connecting: asyncio.Task[_Connection] | None = None
         self._retry_at = 0.0
@@ -273,16 +291,28 @@ class RespClient:
     async def post(self, op: str, *args: Arg) -> None:
         """Write one command without waiting for its reply (see the module docstring)."""
         conn = await self._ready()
-        conn.post(_pack(args), _Posted(op))
+        conn.post(_pack(args), Posted(op, args))
 
     async def post_evalsha(self, op: str, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
                            on_reply: Callable[[Any], None] | None = None) -> None:
         """`post` of a script: on NOSCRIPT it is sent again with EVAL. `on_reply` (if given) gets the
         reply when it arrives, or a `StoreUnavailable` if the call failed (also reported as a posted
         failure); it is called from the connection's callback and must not block."""
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
         conn = await self._ready()
-        conn.post(_pack(("EVALSHA", script.sha, len(keys), *keys, *args)),
-                  _Posted(op, ("EVAL", script.body, len(keys), *keys, *args), on_reply))
+        conn.post(_pack(command), Posted(op, command, script, on_reply))
+
+    async def repost(self, posted: Posted, asking: bool = False) -> None:
+        """Post `posted` here (it was redirected from another node), after ASKING if `asking`; if this
+        node cannot be reached it fails as a posted call."""
+        try:
+            conn = await self._ready()
+        except StoreUnavailable as exc:
+            self._posted_failed(posted, str(exc))
+            return
+        if asking:
+            conn.post(_pack(("ASKING",)), Posted("asking", ("ASKING",)))
+        conn.post(_pack(posted.command), posted)
 
     async def connect(self) -> None:
         """Connect now (if not connected), bounded by the connect timeout rather than `timeout_s`."""
@@ -336,6 +366,10 @@ class RespClient:
             message = str(reply)
             if message.startswith(_NOSCRIPT):
                 raise _NoScript(message)
+            if _redirection(message):
+                raise Redirected(message)
+            if message.startswith("TRYAGAIN"):  # a cluster slot half-migrated: like a late reply, this once
+                raise StoreTimeout(f"redis: {message}")
             raise StoreUnavailable(f"redis: {message}")
         return reply
 
@@ -379,7 +413,8 @@ class RespClient:
         try:
             async with asyncio.timeout(self._connect_timeout_s):
                 _, conn = await loop.create_connection(
-                    lambda: _Connection(self._posted_failed, self._resend), address.host, address.port,
+                    lambda: _Connection(self._posted_failed, self._resend, self._on_redirect), address.host,
+                    address.port,
                     ssl=address.tls, server_hostname=address.host if address.tls else None)
                 waiters: list[asyncio.Future[Any]] = []
                 for command in [*address.handshake(), *(("SCRIPT", "LOAD", s.body) for s in self._scripts)]:
@@ -397,14 +432,14 @@ class RespClient:
             raise
         return conn
 
-    def _resend(self, command: bytes, posted: _Posted) -> None:
+    def _resend(self, command: bytes, posted: Posted) -> None:
         conn = self._conn
         if conn is None or conn.closed:
             self._posted_failed(posted, "redis: connection closed before a NOSCRIPT retry")
             return
         conn.send(command, posted)
 
-    def _posted_failed(self, posted: _Posted, reason: str) -> None:
+    def _posted_failed(self, posted: Posted, reason: str) -> None:
         """A posted call failed: count it, report it, and give its reply callback the failure."""
         self.posted_failures[posted.op] = self.posted_failures.get(posted.op, 0) + 1
         if self._on_posted_failure is not None:

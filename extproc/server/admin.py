@@ -25,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from extproc.gateway import Parts, RequestHead, RuntimeHolder
 from extproc.gateway.auth import Authenticator
+from extproc.limits.slices import Slices
 from extproc.rollout.controller import RolloutError, Rollouts
 from extproc.tenants import ANONYMOUS, Tenant
 
@@ -124,6 +125,7 @@ def build_admin_app(
     parts: Parts,
     rollouts: Rollouts | None = None,
     token: str | None = None,
+    slices: Slices | None = None,
 ) -> web.Application:
     explain_bucket = _Bucket(runtimes.current.policy.service.explain_per_s)
     gateway, health = parts.gateway, parts.health
@@ -184,6 +186,10 @@ def build_admin_app(
         head, raw, tenant = parsed
         return web.json_response(gateway.explain(head, raw, tenant))
 
+    async def limits(_: web.Request) -> web.Response:
+        """This replica's slices of the limits (Redis store) and its fail-open view of them."""
+        return web.json_response({"slices": slices.describe(time.time()) if slices is not None else []})
+
     async def flow(_: web.Request) -> web.Response:
         """Flow control per pool: queued per class, saturation, counters and the longest wait seen."""
         return web.json_response({"pools": parts.flow.stats()})
@@ -217,5 +223,6 @@ def build_admin_app(
     app.router.add_post("/debug/explain", explain)
     app.router.add_get("/debug/rollouts", rollout_status)
     app.router.add_get("/debug/flow", flow)
+    app.router.add_get("/debug/limits", limits)
     app.router.add_post("/rollouts/{action}", rollout_command)
     return app

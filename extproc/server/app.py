@@ -183,16 +183,15 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)
         metrics.store_degraded_admits.set_function(lambda: float(failover.degraded_admits_total))
         metrics.store_primary_failures.set_function(lambda: float(failover.failures_total))
-        metrics.store_replayed_tokens.set_function(lambda: float(failover.replayed_tokens_total))
-    if redis is not None:
-        shared = redis
-        metrics.store_admissions.labels("optimistic").set_function(lambda: float(shared.optimistic_total))
-        metrics.store_admissions.labels("awaited").set_function(lambda: float(shared.awaited_total))
-        metrics.store_overshoots.set_function(
-            lambda: float(shared.headroom.overshoots_total if shared.headroom is not None else 0))
+    if redis is not None and redis.slices is not None:
+        slices = redis.slices
+        metrics.store_admissions.labels("slice").set_function(lambda: float(slices.local_total))
+        metrics.store_admissions.labels("awaited").set_function(lambda: float(slices.awaited_total))
+        metrics.store_uncovered.set_function(lambda: float(slices.uncovered_total))
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, runtimes, service.ready, parts, rollouts,
-                        read_token(policy.service.admin_token_file)), access_log=None
+                        read_token(policy.service.admin_token_file), redis.slices if redis is not None else None),
+        access_log=None
     )
     return service
 

@@ -27,7 +27,8 @@ from collections.abc import Callable
 
 from extproc.aio import cancel_and_wait
 from extproc.endpoints import EndpointRegistry
-from extproc.limits.resp import RespClient, Script
+from extproc.limits.cluster import RedisClient
+from extproc.limits.resp import Script
 from extproc.limits.types import StoreUnavailable
 
 __all__ = ["FLEET_KEY", "FleetSync", "exchange", "parse_counts", "replica_name"]
@@ -57,7 +58,7 @@ return fresh
 """)
 
 
-async def exchange(client: RespClient, key: str, replica_id: str, value: str, now: float,
+async def exchange(client: RedisClient, key: str, replica_id: str, value: str, now: float,
                    stale_after_s: float) -> dict[str, bytes]:
     """Publish `value` ("<wall time> ...") as this replica's field of hash `key`; return the other replicas'
     values not older than `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
@@ -84,7 +85,7 @@ class ReplicaExchange:
     WHAT = "replica exchange"  # for task names and log lines
     LOG_EVERY = 100  # failures between repeated warnings
 
-    def __init__(self, client: RespClient, interval_s: float) -> None:
+    def __init__(self, client: RedisClient, interval_s: float) -> None:
         self._client = client
         self.interval_s = interval_s
         self._task: asyncio.Task[None] | None = None
@@ -133,7 +134,7 @@ class FleetSync(ReplicaExchange):
     WHAT = "fleet in-flight sync"
     LOG_EVERY = 1000
 
-    def __init__(self, client: RespClient, endpoints: EndpointRegistry, interval_s: float, *,
+    def __init__(self, client: RedisClient, endpoints: EndpointRegistry, interval_s: float, *,
                  stale_after_s: float | None = None, on_sync: Callable[[], None] | None = None,
                  replica_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__(client, interval_s)

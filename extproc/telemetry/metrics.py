@@ -70,16 +70,14 @@ class GatewayMetrics:
         self.store_degraded_admits = Gauge(
             "extproc_limits_degraded_admits", "Admissions decided by the local fallback (fail-open) so far",
             registry=registry)
-        self.store_replayed_tokens = Gauge(
-            "extproc_limits_replayed_tokens", "Tokens admitted locally during fail-open and added to the shared "
-            "store's windows once it answered again, so far", registry=registry)
         self.store_admissions = Gauge(
-            "extproc_limits_admissions", "Admissions through the shared store so far, by path: optimistic (taken "
-            "while its last replies left room, not waiting) or awaited (decided by the store)", ["path"],
+            "extproc_limits_admissions", "Admissions through the shared store so far, by path: slice (admitted from "
+            "this replica's slice of the limits, not waiting) or awaited (decided by the store)", ["path"],
             registry=registry)
-        self.store_overshoots = Gauge(
-            "extproc_limits_optimistic_overshoots", "Optimistic admissions the shared store would have refused "
-            "(over a limit by at most that request) so far", registry=registry)
+        self.store_uncovered = Gauge(
+            "extproc_limits_slice_uncovered", "Admissions from a slice the shared store no longer held for this "
+            "replica when their recording arrived (expired: a replica stalled or clocks apart) so far",
+            registry=registry)
         self.fleet_replicas = Gauge(
             "extproc_flow_fleet_replicas", "Service replicas sharing in-flight counts through Redis (this one "
             "included; flow_control.fleet_sync_ms)", registry=registry)

@@ -272,8 +272,8 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
     assert used <= exported, f"dashboard names metrics the service does not export: {sorted(used - exported)}"
     wanted = {"extproc_requests_total", "extproc_decision_seconds_bucket", "extproc_request_duration_seconds_bucket",
               "extproc_upstream_responses_total", "extproc_in_flight", "extproc_flow_queued",
-              "extproc_flow_rejected_total", "extproc_flow_queue_wait_seconds_bucket", "extproc_limits_replayed_tokens",
-              "extproc_limits_admissions", "extproc_limits_optimistic_overshoots", "extproc_pool_requests_waiting",
+              "extproc_flow_rejected_total", "extproc_flow_queue_wait_seconds_bucket", "extproc_limits_degraded_admits",
+              "extproc_limits_admissions", "extproc_limits_slice_uncovered", "extproc_pool_requests_waiting",
               "extproc_pool_endpoints_ready", "extproc_guard_matches_total"}
     assert wanted <= used
     ids = [p["id"] for p in dashboard["panels"]]
