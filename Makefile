@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 HELM   := $(BIN)/helm
 
-.PHONY: demo test lint typecheck check system-deps bench clean helm-lint
+.PHONY: demo test lint typecheck check system-deps bench clean helm-lint envoy
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,16 +26,20 @@ $(HELM): | $(STAMP)
 helm-lint: $(HELM)
 	$(HELM) lint --strict helm
 
+# Regenerate envoy/ (rendered Envoy configs of policies/*.yaml and the chart's Istio patches).
+envoy: $(STAMP) $(HELM)
+	$(BIN)/python envoy/generate.py --helm $(HELM)
+
 demo: $(STAMP)
 	$(BIN)/extproc demo
 
 test: $(STAMP) system-deps $(HELM)
-	$(BIN)/ruff check extproc tests
+	$(BIN)/ruff check extproc tests envoy
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check extproc tests
+	$(BIN)/ruff check extproc tests envoy
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
