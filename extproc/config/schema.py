@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from extproc.config.epp import EndpointPickerConfig, GrpcTls, InferencePoolSource, endpoint_picker_problems
 from extproc.flow.config import FlowControlConfig
 from extproc.guard.config import GuardConfig
 from extproc.rollout.config import RolloutPolicy, check_splits
@@ -58,6 +59,7 @@ class ServiceConfig(_Strict):
     admin_token_file: str | None = None
     # /debug/explain calls per second (burst twice that), over every caller.
     explain_per_s: float = Field(default=5.0, gt=0, le=1000)
+    tls: GrpcTls | None = None  # TLS on the gRPC port (extproc/config/epp.py)
 
     @field_validator("grpc_token_file", "admin_token_file")
     @classmethod
@@ -121,6 +123,8 @@ class EnvoyConfig(_Strict):
     max_connections: int = Field(default=10_000, ge=1)
     max_pending_requests: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=10_000, ge=1)
+    # How the rendered ext_proc filter sends request bodies (streamed / full-duplex: endpoint-picker mode only).
+    request_body_mode: Literal["buffered", "streamed", "full-duplex"] = "buffered"
 
     @field_validator("extproc_endpoints")
     @classmethod
@@ -321,6 +325,10 @@ class PoolConfig(_Strict):
     aliases: tuple[str, ...] = ()
     endpoints: tuple[str, ...] = ()
     discovery: DnsDiscovery | None = None
+    inference_pool: InferencePoolSource | None = None  # endpoints from a watched InferencePool and its pods
+    # The Envoy cluster the pool header names (default: the pool's name), e.g. Istio's own cluster of the pool's
+    # Service, `outbound|8000||vllm.llm.svc.cluster.local`.
+    cluster: str | None = Field(default=None, min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.|:-]+$")
     fallbacks: int = Field(default=2, ge=0, le=16, description="extra endpoints listed after the pick")
     profile: str = Field(default="default", description="scheduling profile that picks endpoints in this pool")
     lora_adapters: tuple[str, ...] = Field(default=(), description="LoRA adapter names served by this pool")
@@ -338,8 +346,8 @@ class PoolConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
-        if bool(self.endpoints) == (self.discovery is not None):
-            raise ValueError(f"pool {self.name!r} needs either endpoints or discovery (exactly one)")
+        if bool(self.endpoints) + (self.discovery is not None) + (self.inference_pool is not None) != 1:
+            raise ValueError(f"pool {self.name!r} needs endpoints, discovery or inference_pool (exactly one)")
         return self
 
     @field_validator("endpoints")
@@ -365,6 +373,10 @@ class Policy(_Strict):
         timeout = self.envoy.request_timeout_s
         return timeout if timeout is not None else max(60.0, self._longest_decision_s() + 30.0)
 
+    # policy: this service picks the pool and the endpoint; endpoint-picker: the gateway picked the pool (an
+    # InferencePool), we pick its endpoint (extproc/config/epp.py).
+    mode: Literal["policy", "endpoint-picker"] = "policy"
+    endpoint_picker: EndpointPickerConfig = EndpointPickerConfig()
     service: ServiceConfig = ServiceConfig()
     bounds: BoundsConfig = BoundsConfig()
     envoy: EnvoyConfig = EnvoyConfig()
@@ -399,6 +411,7 @@ class Policy(_Strict):
                 seen_models[name] = pool.name
         names = {p.name for p in self.pools}
         problems = check_splits(self.rollout, {p.name: p for p in self.pools}, self.tiers)
+        problems += endpoint_picker_problems(self)
         if problems:
             raise ValueError("; ".join(problems))
         if self.rollout.fallback_route_file is not None and not self.envoy.failure_mode_allow:

@@ -56,6 +56,6 @@ def build_gateway(runtimes: RuntimeHolder, metrics: GatewayMetrics, *, authentic
         schedule=Schedule(health, metrics, clock),
         finish=Finish(tenants, flow, metrics, clock),
     )
-    gateway = Gateway(runtimes, stages, tenants, metrics, clock, cpu_clock, RequestIds(replica_id))
-    return Parts(gateway, flow, health, calibration, authenticator,
-                 Outcomes(lambda: runtimes.current, health, metrics, clock))
+    outcomes = Outcomes(lambda: runtimes.current, health, metrics, clock)
+    gateway = Gateway(runtimes, stages, tenants, metrics, clock, cpu_clock, RequestIds(replica_id), outcomes)
+    return Parts(gateway, flow, health, calibration, authenticator, outcomes)

@@ -8,6 +8,7 @@ is yielded, and keeps the `Exchange` (the stages' records) until the stream ends
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ from typing import Any
 from extproc.flow import Rejected, Ticket
 from extproc.gateway.admission import Admit, ratelimit_headers
 from extproc.gateway.authenticate import Authenticate
-from extproc.gateway.finish import Finish
+from extproc.gateway.finish import Finish, Outcomes
 from extproc.gateway.gate import Gate
 from extproc.gateway.records import Exchange, RequestIds, Resolved, error_response, refusal
 from extproc.gateway.resolve import Resolve
@@ -49,8 +50,10 @@ class Stages:
 
 class Gateway:
     def __init__(self, runtimes: RuntimeHolder, stages: Stages, tenants: TenantGate, metrics: GatewayMetrics,
-                 clock: Callable[[], float], cpu_clock: Callable[[], float], request_ids: RequestIds) -> None:
+                 clock: Callable[[], float], cpu_clock: Callable[[], float], request_ids: RequestIds,
+                 outcomes: Outcomes | None = None) -> None:
         self.runtimes = runtimes
+        self._outcomes = outcomes
         self.stages = stages
         self.request_ids = request_ids
         self._tenants = tenants
@@ -88,7 +91,7 @@ class Gateway:
             if ticket is not None:
                 outcome = yield ticket
                 assert outcome is None or isinstance(outcome, Rejected)
-                stages.gate.granted(resolved, outcome)
+                stages.gate.granted(caller, resolved, outcome)
             try:
                 exchange.routed = routed = stages.schedule(caller, resolved, exchange.admitted)
             finally:
@@ -98,6 +101,10 @@ class Gateway:
             return refusal(exchange, error)
         exchange.outcome = "routed"
         return routed.route
+
+    def refuse(self, exchange: Exchange, error: ApiError) -> Respond:
+        """The exchange ends with `error` before its decision (e.g. a streamed body grew past the limit)."""
+        return refusal(exchange, error)
 
     def _resolve(self, exchange: Exchange, body: bytes) -> Resolved:
         """Resolve, charging the decision's CPU time to the tenant's parse budget."""
@@ -114,11 +121,40 @@ class Gateway:
                 self._tenants.charge(caller.tenant, self._cpu_clock() - cpu_started, caller.runtime.policy.bounds,
                                      now)
 
-    def response_headers(self, exchange: Exchange, status: int) -> tuple[tuple[str, str], ...]:
-        """Record the status; returns headers to add to the response (x-ratelimit-*)."""
+    def response_headers(self, exchange: Exchange, status: int,
+                         served: str | None = None) -> tuple[tuple[str, str], ...]:
+        """Record the status; returns headers to add to the response (x-ratelimit-*). `served`: the endpoint
+        the data plane reports it sent the request to (endpoint-picker mode, when no access log reports it)."""
         exchange.status = status
+        if served is not None:
+            self._served(exchange, status, served)
         admitted = exchange.admitted
         return ratelimit_headers(admitted.states) if admitted is not None and admitted.states else ()
+
+    def _served(self, exchange: Exchange, status: int, served: str) -> None:
+        """Passive health and in-flight accounting from the response: a retry to a fallback moves the request's
+        lease to the endpoint that really serves it."""
+        routed, caller = exchange.routed, exchange.caller
+        if routed is None or caller is None:
+            return
+        policy = caller.runtime.policy
+        if policy.mode != "endpoint-picker" or policy.endpoint_picker.outcomes != "response":
+            return
+        address = served.partition(",")[0].strip()
+        pool = caller.runtime.pools.get(routed.pool)
+        if pool is None:
+            return
+        lease = routed.leases[0] if routed.leases else None
+        if lease is not None and lease.endpoint.address != address:
+            endpoint = next((e for e in pool.endpoints if e.address == address), None)
+            if endpoint is not None:
+                lease.release()
+                exchange.routed = dataclasses.replace(routed, leases=(endpoint.lease(lease.tokens),))
+        latency_s = self._clock() - routed.at
+        self._metrics.upstream_status.labels(routed.pool, f"{status // 100}xx").inc()
+        self._metrics.ttfb_seconds.labels(routed.pool).observe(latency_s)
+        if self._outcomes is not None:
+            self._outcomes(address, routed.pool, 0 < status < 500, latency_s)
 
     def failed(self, exchange: Exchange) -> None:
         """Our own error ended the exchange (a 500): it reached no model, so it is charged nothing."""

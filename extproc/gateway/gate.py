@@ -3,6 +3,7 @@ from the pool's load model (extproc/endpoints/load.py) over its usable endpoints
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
@@ -46,15 +47,18 @@ class Gate:
         if verdict == GO:
             return None
         if isinstance(verdict, Rejected):
-            raise self._shed(pool, verdict)
+            raise self._shed(caller, pool, verdict)
         assert isinstance(verdict, Ticket)
         return verdict
 
-    def granted(self, resolved: Resolved, outcome: Rejected | None) -> None:
+    def granted(self, caller: Caller, resolved: Resolved, outcome: Rejected | None) -> None:
         """The ticket's outcome: nothing to do when granted, else raises the refusal."""
         if outcome is not None:
-            raise self._shed(resolved.pool.name, outcome)
+            raise self._shed(caller, resolved.pool.name, outcome)
 
-    def _shed(self, pool: str, rejected: Rejected) -> ApiError:
+    def _shed(self, caller: Caller, pool: str, rejected: Rejected) -> ApiError:
         self._metrics.flow_rejected.labels(pool, rejected.klass, rejected.reason).inc()
+        policy = caller.runtime.policy
+        if policy.mode == "endpoint-picker":  # the protocol's status for a dropped request
+            rejected = dataclasses.replace(rejected, status=policy.endpoint_picker.shed_status)
         return overloaded(rejected)

@@ -9,8 +9,9 @@ destination endpoints, and rewrites the body when the engine must see something 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
+from extproc.config.epp import DESTINATION_ENDPOINT
 from extproc.endpoints import Endpoint
 from extproc.endpoints.health import HealthTracker
 from extproc.gateway.records import Admitted, Caller, Resolved, Routed, route_metadata
@@ -21,7 +22,13 @@ from extproc.openai import rewrite_body
 from extproc.scheduling import Explanation, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
 
-__all__ = ["Schedule"]
+__all__ = ["Schedule", "in_subset"]
+
+
+def in_subset(endpoints: Iterable[Endpoint], subset: tuple[str, ...]) -> list[Endpoint]:
+    """The endpoints a subset hint allows: entries are `ip:port`, or a bare IP allowing every port of it."""
+    allowed = set(subset)
+    return [e for e in endpoints if e.address in allowed or e.address.rpartition(":")[0].strip("[]") in allowed]
 
 
 class Schedule:
@@ -66,6 +73,12 @@ class Schedule:
         now = self._clock()
         pool = runtime.pools[resolved.pool.name]
         candidates = self.usable(pool, now)
+        picker = runtime.policy.mode == "endpoint-picker"
+        subset = caller.head.subset
+        if subset is not None:  # the protocol: only from the hint, 503 when none of it is eligible
+            candidates = in_subset(candidates, subset)
+            if not candidates:
+                raise oai.no_capacity(pool.name, subset=True)
         if caller.klass and len(candidates) > 1:
             reserve = runtime.policy.flow_control.classes[caller.klass].reserve
             load = pool.load
@@ -79,7 +92,8 @@ class Schedule:
         config = pool.config
         sequence = self._sequence + 1
         scheduling = self.request(caller, resolved, pool, sequence)
-        picked = runtime.scheduler.schedule(config.profile, scheduling, candidates, 1 + config.fallbacks, self._time,
+        fallbacks = 0 if picker and runtime.policy.endpoint_picker.single_endpoint else config.fallbacks
+        picked = runtime.scheduler.schedule(config.profile, scheduling, candidates, 1 + fallbacks, self._time,
                                             explain) if candidates else []
         if not picked:
             raise oai.no_capacity(config.name)
@@ -93,7 +107,11 @@ class Schedule:
             rewrite or want_usage or resolved.body_changed) else None
         addresses = tuple(e.address for e in picked)
         envoy = runtime.policy.envoy
-        headers = [(envoy.cluster_header, config.name), (envoy.endpoint_header, ",".join(addresses))]
+        destination = ",".join(addresses)
+        # Endpoint-picker mode: the gateway chose the pool; the pick goes in the protocol's header (and, by the
+        # server adapter, in the same value under the envoy.lb metadata).
+        headers = [(DESTINATION_ENDPOINT, destination)] if picker else [
+            (envoy.cluster_header, config.cluster or config.name), (envoy.endpoint_header, destination)]
         if new_body is not None:
             headers.append(("content-length", str(len(new_body))))
         route = Route(config.name, addresses, tuple(headers), new_body,

@@ -15,6 +15,9 @@ class RequestHead:
     path: str
     headers: Mapping[str, str]
     end_of_stream: bool = False
+    # Endpoint-picker mode: the data plane's subset hint (`ip:port` or a bare IP for all its ports); the pick
+    # must come from it. None = no hint (any endpoint of the pool).
+    subset: tuple[str, ...] | None = None
 
     @property
     def request_id(self) -> str:

@@ -59,8 +59,9 @@ def too_expensive(budget_ms: float) -> ApiError:
                     "invalid_request_error", "request_too_complex")
 
 
-def no_capacity(pool: str, retry_after_s: int = 1) -> ApiError:
+def no_capacity(pool: str, retry_after_s: int = 1, subset: bool = False) -> ApiError:
+    where = "of the gateway's endpoint subset " if subset else ""
     return ApiError(
-        503, f"No ready endpoint in pool '{pool}'; retry later", "server_error", "no_capacity",
+        503, f"No ready endpoint {where}in pool '{pool}'; retry later", "server_error", "no_capacity",
         headers=(("retry-after", str(retry_after_s)),),
     )

@@ -5,14 +5,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypeAlias
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
 
-from extproc.flow import Rejected
+from extproc.config.epp import (
+    DESTINATION_ENDPOINT,
+    DESTINATION_ENDPOINT_SERVED,
+    DESTINATION_ENDPOINT_SUBSET,
+    EndpointPickerConfig,
+)
+from extproc.flow import Rejected, Ticket
 from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Route, Wait, error_response
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
@@ -24,46 +30,134 @@ log = logging.getLogger(__name__)
 
 # A failure in these phases means the routing decision never reached Envoy (no model saw the request); later
 # ones (response headers) come after the exchange was served, which the access log settles.
-_DECISION_PHASES = frozenset({"request_headers", "request_body"})
+_DECISION_PHASES = frozenset({"request_headers", "request_body", "request_trailers"})
 _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "server_error").body(),
                           (("content-type", "application/json"),), "internal_error")
+_STREAMED_NEEDS_BODY = Respond(500, oai.ApiError(
+    500, "The gateway is misconfigured: its ext_proc filter streams the body only after the headers are answered",
+    "server_error", "gateway_error").body(), (("content-type", "application/json"),), "streamed_body_misconfigured")
+# A streamed body of more messages than this is refused like an oversized one (each message costs a reply).
+_MAX_BODY_MESSAGES = 65536
+Reply: TypeAlias = "ext_pb.ProcessingResponse | tuple[ext_pb.ProcessingResponse, ...] | Wait | None"
 
 
 class StreamProcessor:
-    """Protocol state of one exchange: its phase, its Exchange, and the body phase while it waits on something."""
+    """Protocol state of one exchange: its phase, its Exchange, the request body as Envoy streams it, and the body
+    phase while it waits on something.
 
-    __slots__ = ("body", "exchange", "gateway")
+    Body modes (Envoy names them in the stream's first message): BUFFERED (and unknown: an Envoy that does not
+    say) answers the request headers at once and decides on the whole body, as policy mode always did.
+    FULL_DUPLEX_STREAMED and STREAMED with `send_body_without_waiting_for_header_response` hold the headers
+    reply until the body is complete and decided (the router picks the upstream when the headers continue), then
+    answer the headers with the pick and give the body back: FULL_DUPLEX as streamed pieces, STREAMED as one
+    reply per chunk. STREAMED while Envoy waits for the headers reply cannot be routed by its body and is refused
+    (500, a data-plane misconfiguration) rather than sent somewhere unpicked. Response bodies pass untouched."""
+
+    __slots__ = ("body", "chunks", "closed", "count", "exchange", "gateway", "hold", "picker", "received",
+                 "request_mode", "response_mode", "trailers")
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.exchange: Exchange | None = None
         self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
+        self.hold = False  # the request headers reply waits for the decision
+        self.request_mode = self.response_mode = 0  # protocol.STREAMED / FULL_DUPLEX / other
+        self.picker: EndpointPickerConfig | None = None  # endpoint-picker mode's settings, from the headers on
+        self.chunks: list[bytes] = []
+        self.count = 0  # request body messages received (STREAMED answers each)
+        self.received = 0  # request body bytes received
+        self.trailers = False  # the decision came with the request trailers: they get their reply after it
+        self.closed = False  # answered with an immediate response: Envoy sends nothing more that needs a reply
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Wait | None:
+    def _immediate(self, reply: Respond) -> ext_pb.ProcessingResponse:
+        self.closed = True
+        return protocol.immediate_response(reply)
+
+    def handle(self, message: ext_pb.ProcessingRequest) -> Reply:
+        if self.closed:
+            return None
         phase = message.WhichOneof("request")
         if phase == "request_headers":
-            exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers))
-            self.exchange = exchange
-            if reply is not None:
-                return protocol.immediate_response(reply)
-            assert exchange.caller is not None
-            if exchange.caller.limited:
-                return protocol.CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS
-            return protocol.CONTINUE_REQUEST_HEADERS
+            return self._request_headers(message)
         if phase == "request_body":
-            if self.exchange is None:
-                return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
-            self.body = self.gateway.body(self.exchange, message.request_body.body)
-            return self.resume(None)
+            return self._request_body(message.request_body)
         if phase == "response_headers":
             if self.exchange is None:
                 return protocol.CONTINUE_RESPONSE_HEADERS
             status = protocol.response_status(message.response_headers)
-            return protocol.response_headers_response(self.gateway.response_headers(self.exchange, status))
-        # Trailers/bodies arrive only if Envoy is configured to send them; answer so Envoy never waits.
-        return _continue_for(phase)
+            picker = self.picker
+            served = protocol.metadata_value(message.metadata_context, picker.metadata_namespace,
+                                             DESTINATION_ENDPOINT_SERVED) if picker is not None else None
+            add = self.gateway.response_headers(self.exchange, status, served[0] if served else None)
+            return protocol.response_headers_response(add)
+        if phase == "response_body":
+            if self.response_mode == protocol.FULL_DUPLEX:
+                chunk = message.response_body
+                return protocol.streamed_response_body(chunk.body, chunk.end_of_stream)
+            return protocol.CONTINUE_RESPONSE_BODY
+        if phase == "request_trailers":
+            exchange = self.exchange
+            if self.hold and exchange is not None and exchange.outcome == "incomplete" and self.body is None:
+                self.trailers = True  # a body that ends with trailers: decide now
+                return self._decide()
+            return protocol.CONTINUE_REQUEST_TRAILERS
+        if phase == "response_trailers":
+            return ext_pb.ProcessingResponse(response_trailers=ext_pb.TrailersResponse())
+        return None
 
-    def resume(self, answer: AdmitResult | Rejected | None) -> ext_pb.ProcessingResponse | Wait:
+    def _request_headers(self, message: ext_pb.ProcessingRequest) -> Reply:
+        if message.HasField("protocol_config"):
+            config = message.protocol_config
+            self.request_mode, self.response_mode = config.request_body_mode, config.response_body_mode
+            without_waiting = config.send_body_without_waiting_for_header_response
+            self.hold = self.request_mode == protocol.FULL_DUPLEX or (
+                self.request_mode == protocol.STREAMED and without_waiting)
+            if self.request_mode == protocol.STREAMED and not without_waiting:
+                log.error("ext_proc request_body_mode STREAMED without send_body_without_waiting_for_header_response:"
+                          " the route is chosen before the body is seen; refusing (fix the data plane's filter)")
+                return self._immediate(_STREAMED_NEEDS_BODY)
+        policy = self.gateway.runtimes.current.policy
+        subset = None
+        if policy.mode == "endpoint-picker":
+            self.picker = picker = policy.endpoint_picker
+            hint = protocol.metadata_value(message.metadata_context, picker.subset_namespace,
+                                           DESTINATION_ENDPOINT_SUBSET)
+            subset = tuple(hint) if hint is not None else None
+        exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers, subset))
+        self.exchange = exchange
+        if reply is not None:
+            return self._immediate(reply)
+        if self.hold:
+            return None  # answered with the decision, once the body is complete
+        assert exchange.caller is not None
+        if exchange.caller.limited and self.picker is None:
+            return protocol.CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS
+        return protocol.CONTINUE_REQUEST_HEADERS
+
+    def _request_body(self, chunk: ext_pb.HttpBody) -> Reply:
+        exchange = self.exchange
+        if exchange is None:
+            return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
+        if self.body is not None or exchange.outcome != "incomplete":
+            return None  # a piece after the decision started: nothing is owed for it
+        self.count += 1
+        self.received += len(chunk.body)
+        limit = self.gateway.runtimes.current.policy.bounds.max_body_bytes
+        if self.received > limit or self.count > _MAX_BODY_MESSAGES:
+            return self._immediate(self.gateway.refuse(exchange, oai.too_large(limit)))
+        self.chunks.append(chunk.body)
+        if self.hold and not chunk.end_of_stream:
+            return None  # more to come
+        return self._decide()
+
+    def _decide(self) -> Reply:
+        assert self.exchange is not None
+        whole = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)  # one copy at most
+        self.chunks = [whole]
+        self.body = self.gateway.body(self.exchange, whole)
+        return self.resume(None)
+
+    def resume(self, answer: AdmitResult | Rejected | None) -> Reply:
         """Continue the body phase with the answer to what it waited for: the next wait, or Envoy's reply."""
         assert self.body is not None
         try:
@@ -72,21 +166,30 @@ class StreamProcessor:
             self.body = None
             return self.respond(done.value)
 
-    @staticmethod
-    def respond(decision: Decision) -> ext_pb.ProcessingResponse:
-        if isinstance(decision, Route):
-            return protocol.route_response(decision)
-        return protocol.immediate_response(decision)
+    def respond(self, decision: Decision) -> Reply:
+        if not isinstance(decision, Route):
+            return self._immediate(decision)
+        picker = self.picker
+        metadata = protocol.lb_metadata(decision, picker.metadata_namespace, DESTINATION_ENDPOINT) if (
+            picker is not None) else None
+        if not self.hold:
+            return protocol.route_response(decision, metadata)
+        replies = [protocol.held_headers_response(decision, metadata)]
+        body = decision.body if decision.body is not None else self.chunks[0]
+        if self.request_mode == protocol.FULL_DUPLEX:
+            replies += protocol.streamed_request_body(body, end_of_stream=not self.trailers)
+        else:
+            replies += protocol.streamed_chunk_replies(self.count, decision.body)
+        self.chunks = []
+        if self.trailers:
+            replies.append(protocol.CONTINUE_REQUEST_TRAILERS)
+        return tuple(replies)
 
-
-def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
-    if phase == "response_body":
-        return ext_pb.ProcessingResponse(response_body=ext_pb.BodyResponse())
-    if phase == "request_trailers":
-        return ext_pb.ProcessingResponse(request_trailers=ext_pb.TrailersResponse())
-    if phase == "response_trailers":
-        return ext_pb.ProcessingResponse(response_trailers=ext_pb.TrailersResponse())
-    return None
+    @property
+    def extends_timer(self) -> bool:
+        """Whether a held decision may ask Envoy for more time (override_message_timeout): not in FULL_DUPLEX,
+        where Envoy runs no per-message timer to extend."""
+        return bool(self.request_mode != protocol.FULL_DUPLEX)
 
 
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -114,13 +217,15 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                     return
                 try:
                     response = stream.handle(message)
-                    while not isinstance(response, ext_pb.ProcessingResponse | None):
+                    while isinstance(response, AdmitRequest | Ticket):
                         if isinstance(response, AdmitRequest):
                             # One store round trip, bounded by its deadline.
                             response = stream.resume(await self._store.admit(response))
                         else:
                             # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
-                            await context.write(protocol.extend_message_timeout(response.deadline - time.monotonic()))
+                            if stream.extends_timer:
+                                await context.write(
+                                    protocol.extend_message_timeout(response.deadline - time.monotonic()))
                             response = stream.resume(await response.wait())
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
@@ -129,6 +234,9 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                     response = protocol.immediate_response(_INTERNAL_ERROR)
                 if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)
+                elif response is not None:
+                    for reply in response:
+                        await context.write(reply)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
             if stream.body is not None:

@@ -46,13 +46,14 @@ def header_map(headers: ext_pb.HttpHeaders) -> dict[str, str]:
     return result
 
 
-def request_head(headers: ext_pb.HttpHeaders) -> RequestHead:
+def request_head(headers: ext_pb.HttpHeaders, subset: tuple[str, ...] | None = None) -> RequestHead:
     values = header_map(headers)
     return RequestHead(
         method=values.get(":method", ""),
         path=values.get(":path", ""),
         headers=values,
         end_of_stream=headers.end_of_stream,
+        subset=subset,
     )
 
 
@@ -82,7 +83,7 @@ def _metadata(fields: Mapping[str, Any]) -> struct_pb2.Struct:
     return metadata
 
 
-def route_response(route: Route) -> ext_pb.ProcessingResponse:
+def route_response(route: Route, metadata: struct_pb2.Struct | None = None) -> ext_pb.ProcessingResponse:
     common = ext_pb.CommonResponse(
         header_mutation=ext_pb.HeaderMutation(set_headers=_set_headers(route.set_headers)),
         clear_route_cache=True,
@@ -90,7 +91,9 @@ def route_response(route: Route) -> ext_pb.ProcessingResponse:
     if route.body is not None:
         common.body_mutation.body = route.body
     response = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
-    if route.metadata:
+    if metadata is not None:
+        response.dynamic_metadata.CopyFrom(metadata)
+    elif route.metadata:
         response.dynamic_metadata.CopyFrom(_metadata(route.metadata))
     return response
 
@@ -122,3 +125,83 @@ def extend_message_timeout(remaining_s: float) -> ext_pb.ProcessingResponse:
     duration = duration_pb2.Duration()
     duration.FromMilliseconds(int((max(0.0, remaining_s) + MESSAGE_TIMEOUT_SLACK_S) * 1000))
     return ext_pb.ProcessingResponse(override_message_timeout=duration)
+
+
+# Request/response body modes as Envoy announces them in the stream's first message (`protocol_config`).
+STREAMED = processing_mode_pb2.ProcessingMode.STREAMED
+FULL_DUPLEX = processing_mode_pb2.ProcessingMode.FULL_DUPLEX_STREAMED
+CONTINUE_RESPONSE_BODY = ext_pb.ProcessingResponse(response_body=ext_pb.BodyResponse())
+CONTINUE_REQUEST_TRAILERS = ext_pb.ProcessingResponse(request_trailers=ext_pb.TrailersResponse())
+# A streamed body goes back to Envoy in pieces of at most this size (well under gRPC's message limits).
+STREAMED_PIECE = 64 * 1024
+
+
+def _strings(value: struct_pb2.Value) -> list[str]:
+    kind = value.WhichOneof("kind")
+    if kind == "string_value":
+        return [value.string_value]
+    if kind == "list_value":
+        return [item.string_value for item in value.list_value.values if item.WhichOneof("kind") == "string_value"]
+    return []
+
+
+def metadata_value(context: base_pb2.Metadata, namespace: str, key: str) -> list[str] | None:
+    """The strings Envoy forwarded under `namespace`/`key` of the stream's metadata (None: key absent). A string
+    may hold a comma-separated list; a list value is a list of such strings."""
+    fields = context.filter_metadata.get(namespace)
+    if fields is None or key not in fields.fields:
+        return None
+    return [part.strip() for text in _strings(fields.fields[key]) for part in text.split(",") if part.strip()]
+
+
+def lb_metadata(route: Route, namespace: str, key: str) -> struct_pb2.Struct:
+    """The pick as dynamic metadata (endpoint-picker protocol), next to our own namespace for the logs."""
+    metadata = struct_pb2.Struct()
+    fields: dict[str, Any] = {namespace: {key: ",".join(route.endpoints)}}
+    if route.metadata:
+        fields[METADATA_NAMESPACE] = dict(route.metadata)
+    metadata.update(fields)
+    return metadata
+
+
+def held_headers_response(route: Route, metadata: struct_pb2.Struct | None) -> ext_pb.ProcessingResponse:
+    """The reply to request headers held until the decision (streamed bodies): the pick's header mutations."""
+    common = ext_pb.CommonResponse(
+        header_mutation=ext_pb.HeaderMutation(set_headers=_set_headers(route.set_headers)),
+        clear_route_cache=True,
+    )
+    response = ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse(response=common))
+    if metadata is not None:
+        response.dynamic_metadata.CopyFrom(metadata)
+    elif route.metadata:
+        response.dynamic_metadata.CopyFrom(_metadata(route.metadata))
+    return response
+
+
+def streamed_request_body(body: bytes, end_of_stream: bool = True) -> list[ext_pb.ProcessingResponse]:
+    """FULL_DUPLEX_STREAMED: the request body Envoy sends upstream, in pieces (Envoy holds what it sent us)."""
+    pieces = [body[at:at + STREAMED_PIECE] for at in range(0, len(body), STREAMED_PIECE)] or [b""]
+    last = len(pieces) - 1
+    return [ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
+        body_mutation=ext_pb.BodyMutation(streamed_response=ext_pb.StreamedBodyResponse(
+            body=piece, end_of_stream=end_of_stream and index == last)))))
+        for index, piece in enumerate(pieces)]
+
+
+def streamed_chunk_replies(count: int, new_body: bytes | None) -> list[ext_pb.ProcessingResponse]:
+    """STREAMED: one reply per body message Envoy sent, in order; a new body replaces the first chunk and
+    clears the others."""
+    if new_body is None:
+        return [CONTINUE_REQUEST_BODY] * count
+    first = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
+        body_mutation=ext_pb.BodyMutation(body=new_body))))
+    cleared = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
+        body_mutation=ext_pb.BodyMutation(clear_body=True))))
+    return [first] + [cleared] * (count - 1)
+
+
+def streamed_response_body(body: bytes, end_of_stream: bool) -> ext_pb.ProcessingResponse:
+    """FULL_DUPLEX_STREAMED response chunks go back untouched (no parsing: one message built per chunk)."""
+    return ext_pb.ProcessingResponse(response_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
+        body_mutation=ext_pb.BodyMutation(streamed_response=ext_pb.StreamedBodyResponse(
+            body=body, end_of_stream=end_of_stream)))))
