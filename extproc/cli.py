@@ -30,7 +30,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from extproc.server import run
 
     return _run_async(run(Path(args.config), grace_s=args.grace, grpc_port=args.grpc_port, admin_port=args.admin_port,
-                          drain_delay_s=args.drain_delay))
+                          drain_delay_s=args.drain_delay, epp=args.epp, inference_pool=args.inference_pool))
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -171,6 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "health check moves new streams to other replicas first (default 3)")
     serve.add_argument("--grpc-port", type=int, help="override service.grpc_port (several replicas on one host)")
     serve.add_argument("--admin-port", type=int, help="override service.admin_port")
+    serve.add_argument("--epp", action="store_true",
+                       help="endpoint-picker mode (Gateway API Inference Extension): the gateway picked the pool, "
+                            "the service picks its endpoint; the policy must have one pool (= mode: endpoint-picker)")
+    serve.add_argument("--inference-pool", metavar="[NAMESPACE/]NAME",
+                       help="with --epp: the pool's endpoints from this InferencePool and its ready pods (namespace "
+                            "default: the service's own)")
 
     validate = add("validate", _cmd_validate, "Validate policy files; prints file:line errors, exit 1 on any.")
     validate.add_argument("files", nargs="+", help="policy YAML files")

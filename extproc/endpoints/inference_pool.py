@@ -241,6 +241,17 @@ class InferencePoolDiscovery:
         self._api = api
         self._sleep = sleep
         self._watches: dict[str, tuple[InferencePoolSource, PoolWatch, asyncio.Task[None]]] = {}
+        self._synced = asyncio.Event()
+
+    def _changed(self, pool: str, addresses: tuple[str, ...]) -> None:
+        self._on_change(pool, addresses)
+        if self.synced:
+            self._synced.set()
+
+    async def wait_synced(self) -> None:
+        """Until every watched pool has listed its pods once (at once when none is watched)."""
+        if not self.synced:
+            await self._synced.wait()
 
     @property
     def synced(self) -> bool:
@@ -259,7 +270,8 @@ class InferencePoolDiscovery:
             if name in self._watches:
                 continue
             api = self._api(source) if self._api is not None else _kubernetes(source)
-            watch = PoolWatch(name, source, api, self._on_change, self._sleep)
+            watch = PoolWatch(name, source, api, self._changed, self._sleep)
+            self._synced.clear()
             self._watches[name] = (source, watch, asyncio.create_task(watch.run(), name=f"inferencepool-{name}"))
 
     async def stop(self) -> None:

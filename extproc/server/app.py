@@ -16,10 +16,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
+from extproc.aio import cancel_and_wait
 from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import Endpoint, EndpointRegistry, MetricsScraper
 from extproc.endpoints.discovery import DnsDiscoverer
+from extproc.endpoints.inference_pool import InferencePoolDiscovery
 from extproc.gateway import Gateway, Parts, RuntimeHolder, build_gateway
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
@@ -35,12 +37,19 @@ from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_store
+from extproc.server.tls import CertificateReloader
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
 from extproc.telemetry.pools import PoolCollector
 
 log = logging.getLogger(__name__)
+
+# gRPC health services: liveness answers while the process does; the others (readiness, the Inference
+# Extension's probe name, the ext_proc service Envoy health-checks, and the server as a whole) once the service
+# is ready to decide (its InferencePools listed) and until it drains.
+LIVENESS = "liveness"
+READY_SERVICES = ("", "readiness", "inference-extension", "envoy.service.ext_proc.v3.ExternalProcessor")
 
 _GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", 80 * 1024 * 1024),
@@ -70,11 +79,14 @@ class Service:
     rollouts: Rollouts
     policy_watcher: PolicyWatcher | None
     discovery: DnsDiscoverer
+    pool_discovery: InferencePoolDiscovery
+    tls: CertificateReloader | None = None
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
+    _readiness: asyncio.Task[None] | None = None
 
     @property
     def gateway(self) -> Gateway:
@@ -82,7 +94,15 @@ class Service:
 
     async def start(self) -> None:
         service = self.runtimes.current.policy.service
-        self.grpc_port = self.grpc_server.add_insecure_port(f"{service.grpc_host}:{service.grpc_port}")
+        address = f"{service.grpc_host}:{service.grpc_port}"
+        if self.tls is not None:
+            self.grpc_port = self.grpc_server.add_secure_port(address, self.tls.credentials())
+            await self.tls.start()
+        else:
+            self.grpc_port = self.grpc_server.add_insecure_port(address)
+        await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
+        for name in READY_SERVICES:
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.grpc_server.start()
         await self.admin_runner.setup()
         site = web.TCPSite(self.admin_runner, service.admin_host, service.admin_port, reuse_port=True)
@@ -90,6 +110,7 @@ class Service:
         sockets = self.admin_runner.addresses
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         self.discovery.configure(self.runtimes.current.policy.pools)
+        self.pool_discovery.configure(self.runtimes.current.policy.pools)
         await self.scraper.start()
         if self.fleet is not None:
             await self.fleet.start()
@@ -104,20 +125,28 @@ class Service:
                 await self.redis.warm_up()
             except StoreUnavailable:
                 log.warning("Redis unreachable at start; applying limits.on_store_failure until it answers")
-        await self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self.health.set("envoy.service.ext_proc.v3.ExternalProcessor", health_pb2.HealthCheckResponse.SERVING)
+        self._readiness = asyncio.create_task(self._serving_once_synced(), name="readiness")
         log.info("serving ext_proc on %s:%d, admin on %s:%d",
                  service.grpc_host, self.grpc_port, service.admin_host, self.admin_port)
 
+    async def _serving_once_synced(self) -> None:
+        await self.pool_discovery.wait_synced()
+        if not self.draining:
+            for name in READY_SERVICES:
+                await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+
     def ready(self) -> bool:
-        # Ready once the policy is loaded; a pool whose DNS answers nothing yet still gets fast 503s.
-        return not self.draining
+        # Ready once the policy is loaded and every InferencePool listed; a pool whose DNS answers nothing yet
+        # still gets fast 503s.
+        return not self.draining and self.pool_discovery.synced
 
     async def stop(self, grace_s: float = 10.0, drain_delay_s: float = 0.0) -> None:
         """Drain: report NOT_SERVING, keep serving new streams for `drain_delay_s` while Envoy's health
         check takes this replica out, then stop taking streams and let in-flight ones finish for `grace_s`."""
         self.draining = True
-        await self.health.enter_graceful_shutdown()
+        await cancel_and_wait(self._readiness)
+        for name in READY_SERVICES:  # liveness stays SERVING: the process is alive while it drains
+            await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if drain_delay_s > 0:
             await asyncio.sleep(drain_delay_s)
         await self.grpc_server.stop(grace_s)
@@ -127,6 +156,9 @@ class Service:
         if self.calibration_sync is not None:
             await self.calibration_sync.stop()
         await self.discovery.stop()
+        await self.pool_discovery.stop()
+        if self.tls is not None:
+            await self.tls.stop()
         await self.keys_watcher.stop()
         await self.rollouts.stop()
         if self.policy_watcher is not None:
@@ -150,7 +182,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     parts = build_gateway(runtimes, metrics, authenticator=authenticator, rollouts=rollouts)
     gateway = parts.gateway
     discovery = DnsDiscoverer(runtimes.discovered)
-    reloader = Reloader(runtimes, rollouts, writer, metrics, discovery)
+    pool_discovery = InferencePoolDiscovery(runtimes.discovered)
+    reloader = Reloader(runtimes, rollouts, writer, metrics, discovery, pool_discovery)
     watcher = (PolicyWatcher(policy_path, reloader.apply, reloader.rejected, current=policy)
                if policy_path is not None else None)
     metrics.config_version.set(runtimes.current.version)
@@ -172,7 +205,8 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         pools, parts.health, lambda: runtimes.current.policy.scheduling.scrape.stale_after_ms / 1000))
     service = Service(policy_path, runtimes, endpoints, metrics, parts, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
-                      KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
+                      KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery,
+                      pool_discovery, CertificateReloader(policy.service.tls) if policy.service.tls else None)
     service.calibration_sync = build_calibration_sync(policy, parts.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
     if fleet is not None:
@@ -196,9 +230,30 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
     return service
 
 
+def endpoint_picker_policy(policy: Policy, inference_pool: str | None) -> Policy:
+    """`serve --epp [--inference-pool [NAMESPACE/]NAME]`: the policy in endpoint-picker mode, its one pool's endpoints
+    from that InferencePool if named. Raises ValueError (pydantic's) when the policy cannot be one."""
+    document = policy.model_dump(mode="json", exclude_unset=True)
+    document["mode"] = "endpoint-picker"
+    if inference_pool is not None:
+        namespace, _, name = inference_pool.rpartition("/")
+        for pool in document.get("pools", []):
+            pool.pop("endpoints", None)
+            pool.pop("discovery", None)
+            pool["inference_pool"] = {**pool.get("inference_pool", {}), "name": name, "namespace": namespace}
+    return Policy.model_validate(document)
+
+
 async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = None,
-              admin_port: int | None = None, drain_delay_s: float = 3.0) -> int:
+              admin_port: int | None = None, drain_delay_s: float = 3.0, epp: bool = False,
+              inference_pool: str | None = None) -> int:
     policy = load_policy(policy_path)
+    if epp or inference_pool is not None:
+        try:
+            policy = endpoint_picker_policy(policy, inference_pool)
+        except ValueError as exc:
+            log.error("%s cannot run as an endpoint picker: %s", policy_path, exc)
+            return 2
     overrides = {k: v for k, v in (("grpc_port", grpc_port), ("admin_port", admin_port)) if v is not None}
     if overrides:
         policy = policy.model_copy(update={"service": policy.service.model_copy(update=overrides)})

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from extproc.config import ConfigError, Policy
 from extproc.endpoints.discovery import DnsDiscoverer
+from extproc.endpoints.inference_pool import InferencePoolDiscovery
 from extproc.gateway import Runtime, RuntimeHolder
 from extproc.rollout.controller import Rollouts
 from extproc.rollout.envoy_sync import FallbackRouteWriter
@@ -57,19 +58,24 @@ class Reloader:
     components that follow the policy hear of it as listeners of the swap."""
 
     def __init__(self, runtimes: RuntimeHolder, rollouts: Rollouts, writer: FallbackRouteWriter | None,
-                 metrics: GatewayMetrics, discovery: DnsDiscoverer | None = None) -> None:
+                 metrics: GatewayMetrics, discovery: DnsDiscoverer | None = None,
+                 pool_discovery: InferencePoolDiscovery | None = None) -> None:
         self._runtimes = runtimes
         self._metrics = metrics
         runtimes.on_policy(lambda runtime: rollouts.configure(runtime.policy.rollout.splits))
         if discovery is not None:
             runtimes.on_policy(lambda runtime: discovery.configure(runtime.policy.pools))
+        if pool_discovery is not None:
+            runtimes.on_policy(lambda runtime: pool_discovery.configure(runtime.policy.pools))
         if writer is not None:
             runtimes.on_policy(lambda runtime: _configure_writer(writer, runtime))
 
     def apply(self, policy: Policy) -> None:
         current = self._runtimes.current.policy
-        if policy.service != current.service or policy.limits.store != current.limits.store:
-            log.warning("service ports and the limits store are not reloaded live; restart to change them")
+        if (policy.service != current.service or policy.limits.store != current.limits.store
+                or policy.mode != current.mode):
+            log.warning("service ports and TLS, the limits store and the mode are not reloaded live; restart to "
+                        "change them")
         runtime = self._runtimes.replace(policy)
         self._metrics.config_loads.labels("ok").inc()
         self._metrics.config_version.set(runtime.version)

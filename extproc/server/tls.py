@@ -1,0 +1,87 @@
+"""TLS on the gRPC port, with the certificate and key reloaded when their files change (cert-manager, a mounted
+Secret rotating). gRPC asks for the current pair on every handshake (`dynamic_ssl_server_credentials`); the answer
+is prepared off that path by a background check of the files, so a handshake does no file I/O. A pair that does
+not load (half-written, or a key that does not match the certificate) is refused and the previous one stays."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import ssl
+from pathlib import Path
+
+import grpc
+
+from extproc.aio import cancel_and_wait
+from extproc.config.epp import GrpcTls
+
+__all__ = ["CertificateReloader"]
+
+log = logging.getLogger(__name__)
+
+_Stamp = tuple[tuple[int, int, int], ...]  # (inode, size, mtime_ns) of each file
+
+
+class CertificateReloader:
+    def __init__(self, config: GrpcTls) -> None:
+        self._config = config
+        self._paths = (Path(config.cert_file), Path(config.key_file))
+        self._stamp = self._stat()
+        self.current = self._load()  # an unreadable pair at start is an error: the service does not start
+        self._pending: grpc.ServerCertificateConfiguration | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.reloads_total = 0
+        self.failures_total = 0
+
+    def _stat(self) -> _Stamp:
+        stamps = []
+        for path in self._paths:
+            info = os.stat(path)
+            stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
+        return tuple(stamps)
+
+    def _load(self) -> grpc.ServerCertificateConfiguration:
+        cert, key = (path.read_bytes() for path in self._paths)
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(*self._paths)  # the key fits the cert
+        return grpc.ssl_server_certificate_configuration([(key, cert)])
+
+    def credentials(self) -> grpc.ServerCredentials:
+        # The fetcher may answer None (keep the current pair), which grpc-stubs' signature leaves out.
+        return grpc.dynamic_ssl_server_credentials(self.current, self._fetch,  # type: ignore[arg-type]
+                                                   require_client_authentication=False)
+
+    def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
+        """Called by gRPC at each handshake: a new pair once, else None (keep the current one)."""
+        pending, self._pending = self._pending, None
+        return pending
+
+    def check(self) -> bool:
+        """Load the pair again if either file changed; True when new connections will get a new pair."""
+        try:
+            stamp = self._stat()
+            if stamp == self._stamp:
+                return False
+            loaded = self._load()
+        except (OSError, ssl.SSLError) as exc:
+            self.failures_total += 1
+            log.error("TLS certificate %s / key %s not reloaded (%s); keeping the previous pair",
+                      *self._paths, exc)
+            return False
+        self._stamp = stamp
+        self.current = self._pending = loaded
+        self.reloads_total += 1
+        log.info("TLS certificate reloaded from %s", self._paths[0])
+        return True
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="tls-reload")
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._config.reload_interval_s)
+            await asyncio.to_thread(self.check)  # file reads off the event loop
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
