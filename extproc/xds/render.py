@@ -158,7 +158,7 @@ def route_config(policy: Policy) -> dict[str, Any]:
     if envoy.failure_mode_allow and envoy.fallback_pool is not None:  # fail open: to the fallback pool
         fallback = {key: value for key, value in route.items() if key != "match"}
         fallback["route"] = {k: v for k, v in route["route"].items() if k != "cluster_header"}
-        fallback["route"]["cluster"] = envoy.fallback_pool
+        fallback["route"]["cluster"] = next(p.cluster or p.name for p in policy.pools if p.name == envoy.fallback_pool)
         routes.append({"match": {"prefix": "/"}, **fallback})
     else:  # fail closed
         routes.append({"match": {"prefix": "/"}, **unrouted_response()})
@@ -205,7 +205,7 @@ def load_assignment(pool: PoolConfig) -> dict[str, Any]:
         endpoints = [{"endpoint": {"address": _address(*parse_endpoint(a))}} for a in pool.endpoints]
     return {
         "@type": _T + "config.endpoint.v3.ClusterLoadAssignment",
-        "cluster_name": pool.name,
+        "cluster_name": pool.cluster or pool.name,
         "endpoints": [{"lb_endpoints": endpoints}],
     }
 
@@ -213,7 +213,7 @@ def load_assignment(pool: PoolConfig) -> dict[str, Any]:
 def _pool_cluster(pool: PoolConfig, envoy: EnvoyConfig, eds: dict[str, Any] | None) -> dict[str, Any]:
     cluster: dict[str, Any] = {
         "@type": _T + "config.cluster.v3.Cluster",
-        "name": pool.name,
+        "name": pool.cluster or pool.name,
         "connect_timeout": "1s",
         # Our service names the endpoint in a header; Envoy keeps health, outlier detection and
         # circuit breakers working, and falls back to least_request if the header is missing/unknown.
@@ -318,8 +318,27 @@ def render_files(policy: Policy, directory: Path) -> dict[str, dict[str, Any]]:
     return files
 
 
+def picker_static(policy: Policy) -> dict[str, Any]:
+    """Endpoint-picker mode: an Envoy shaped like Istio's InferencePool support around this service
+    (extproc/xds/picker.py), the pool's endpoints from the policy."""
+    from extproc.xds.picker import picker_bootstrap
+
+    pool = policy.pools[0]
+    if not pool.endpoints:
+        raise ValueError(f"pool {pool.name!r} takes its endpoints from DNS or an InferencePool: in endpoint-picker "
+                         f"mode the gateway (Istio, kgateway, Envoy AI Gateway) renders Envoy's configuration")
+    service = policy.service
+    host, port = (parse_endpoint(policy.envoy.extproc_endpoints[0]) if policy.envoy.extproc_endpoints
+                  else (service.grpc_host if service.grpc_host != "0.0.0.0" else "127.0.0.1", service.grpc_port))
+    return picker_bootstrap(policy, "istio", (host, port), pool.endpoints, body_mode=policy.envoy.request_body_mode,
+                            picker_tls=service.tls is not None,
+                            upstream_host_header=policy.envoy.expose_upstream_host)
+
+
 def render_static(policy: Policy) -> dict[str, Any]:
     """The same configuration inlined into one bootstrap (for `envoy --mode validate` and simple runs)."""
+    if policy.mode == "endpoint-picker":
+        return picker_static(policy)
     hcm_listener = _strip_type(listener(policy, {"route_config": _strip_type(route_config(policy))}))
     clusters = [_strip_type(extproc_cluster(policy))]
     clusters += [_strip_type(_pool_cluster(pool, policy.envoy, None)) for pool in policy.pools]
@@ -354,6 +373,12 @@ def write_config(policy: Policy, directory: Path, mount: Path | None = None) -> 
     the output directory itself.
     """
     directory = directory.resolve()
+    if policy.mode == "endpoint-picker":  # one static bootstrap (the gateway's own xDS serves it in production)
+        document = dump(picker_static(policy))
+        targets = [directory / "bootstrap.yaml", directory / "static" / "envoy.yaml"]
+        for target in targets:
+            write_atomic(target, document)
+        return targets
     files = render_files(policy, mount or directory)
     written: list[Path] = []
     order = sorted(files, key=lambda n: (n == "bootstrap.yaml", n.startswith(("lds", "cds")), n))
