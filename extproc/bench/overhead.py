@@ -37,6 +37,7 @@ from extproc.bench.stats import summarize
 from extproc.config import Policy, parse_policy
 from extproc.guard import DETECTORS
 from extproc.xds import find_envoy
+from extproc.xds.picker import BODY_MODES, POOL_CLUSTER
 from extproc.xds.render import render_static
 
 MODEL = "bench-model"
@@ -71,6 +72,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slices", choices=["on", "off"], default="on",
                         help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
+    parser.add_argument("--body-modes", default="",
+                        help="endpoint-picker mode behind Envoy shaped like Istio's InferencePool support, once "
+                             "per request body mode: buffered, streamed, full-duplex (comma-separated, compared in "
+                             "one run; default: policy mode)")
 
 
 def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -92,11 +97,12 @@ def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[
 
 def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int) -> dict[str, Any]:
     bootstrap = render_static(policy)
+    pool_cluster = POOL_CLUSTER if policy.mode == "endpoint-picker" else policy.pools[0].name
     router = [{"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
     backend = [{"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": _BACKEND_BODY}},
                 "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
-    bare = [{"match": {"prefix": "/"}, "route": {"cluster": "bench"}}]
+    bare = [{"match": {"prefix": "/"}, "route": {"cluster": pool_cluster}}]
     bootstrap["static_resources"]["listeners"] += [
         _listener("backend", direct_port, backend, router),
         _listener("bare", bare_port, bare, router),
@@ -125,7 +131,8 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
     return {"requests": summary["total"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"]}
 
 
-def _policy(workdir: Path, store: str, args: argparse.Namespace, direct_port: int, redis_port: int) -> Path:
+def _policy(workdir: Path, store: str, args: argparse.Namespace, direct_port: int, redis_port: int,
+            body_mode: str = "") -> Path:
     grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
     policy_doc: dict[str, Any] = {
         "service": {"grpc_port": grpc_port, "admin_port": admin_port},
@@ -139,7 +146,10 @@ def _policy(workdir: Path, store: str, args: argparse.Namespace, direct_port: in
                                 "slices": args.slices == "on"}
     if args.guard == "builtin":
         policy_doc["guard"] = {"rules": _guard_rules()}
-    path = workdir / f"policy-{store}.yaml"
+    if body_mode:  # endpoint-picker mode, the body sent as the gateway's ext_proc filter says
+        policy_doc["mode"] = "endpoint-picker"
+        policy_doc["envoy"]["request_body_mode"] = body_mode
+    path = workdir / f"policy-{store}{'-' + body_mode if body_mode else ''}.yaml"
     path.write_text(yaml.safe_dump(policy_doc))
     return path
 
@@ -151,9 +161,17 @@ async def run_overhead(args: argparse.Namespace) -> int:
     if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
         print(f"--store takes distinct values among none, memory, redis; got {args.store!r}", file=sys.stderr)
         return 2
+    modes = [name.strip() for name in args.body_modes.split(",") if name.strip()]
+    if any(mode not in BODY_MODES for mode in modes) or len(set(modes)) < len(modes) or (
+            modes and len(stores) > 1):
+        print(f"--body-modes takes distinct values among {', '.join(BODY_MODES)} (with one --store); "
+              f"got {args.body_modes!r}", file=sys.stderr)
+        return 2
+    # One service + Envoy per variant: a store, or a body mode (endpoint-picker mode).
+    plan = [(store, "") for store in stores] if not modes else [(stores[0], mode) for mode in modes]
     direct_port, bare_port, redis_port = free_ports(3)
     _spec = _request_spec(args.prompt_chars)
-    report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
+    report: dict[str, Any] = {"store": args.store, "body_modes": modes, "slices": args.slices, "guard": args.guard,
                               "prompt_chars": args.prompt_chars, "rate": args.rate,
                               "duration_s": args.duration, "rounds": args.rounds,
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
@@ -164,21 +182,22 @@ async def run_overhead(args: argparse.Namespace) -> int:
         variants: dict[str, int] = {}
         pids: dict[str, tuple[int, int]] = {}
         admin: dict[str, str] = {}
-        for index, store in enumerate(stores):
-            policy_path = _policy(workdir, store, args, direct_port, redis_port)
+        for index, (store, mode) in enumerate(plan):
+            label = mode or store
+            policy_path = _policy(workdir, store, args, direct_port, redis_port, mode)
             policy = parse_policy(policy_path.read_text(), str(policy_path))
-            envoy_config = workdir / f"envoy-{store}.yaml"
+            envoy_config = workdir / f"envoy-{label}.yaml"
             bootstrap = bench_bootstrap(policy, direct_port, bare_port) if index == 0 else render_static(policy)
             envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
-            service = await group.start(f"service-{store}", [PYTHON, "-m", "extproc", "--log-level", "WARNING",
+            service = await group.start(f"service-{label}", [PYTHON, "-m", "extproc", "--log-level", "WARNING",
                                                              "serve", "--config", str(policy_path)])
-            admin[store] = f"http://127.0.0.1:{policy.service.admin_port}"
-            await wait_http_ok(f"{admin[store]}/readyz", 30, child=service)
-            envoy = await group.start(f"envoy-{store}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
+            admin[label] = f"http://127.0.0.1:{policy.service.admin_port}"
+            await wait_http_ok(f"{admin[label]}/readyz", 30, child=service)
+            envoy = await group.start(f"envoy-{label}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
                                                          "--concurrency", str(args.envoy_concurrency),
                                                          "--disable-hot-restart"])
             await wait_http_ok(f"http://127.0.0.1:{policy.envoy.admin_port}/ready", 30, child=envoy)
-            name = "with_extproc" if len(stores) == 1 else f"with_extproc[{store}]"
+            name = "with_extproc" if len(plan) == 1 else f"with_extproc[{label}]"
             variants[name] = policy.envoy.listen_port
             pids[name] = (service.pid, envoy.pid)
         variants["envoy_only"] = bare_port
@@ -206,10 +225,10 @@ async def run_overhead(args: argparse.Namespace) -> int:
         added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
                         if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in pids}
         report["fixed_rate"] = fixed
-        report["added_ms"] = added["with_extproc"] if len(stores) == 1 else added
+        report["added_ms"] = added["with_extproc"] if len(plan) == 1 else added
         report["service_cpu_us_per_request"] = {
             name: round(seconds / max(1, fixed[name]["requests"]) * 1e6, 1) for name, seconds in cpu.items()}
-        if len(stores) == 1:
+        if len(plan) == 1:
             report["service_cpu_us_per_request"] = report["service_cpu_us_per_request"]["with_extproc"]
         maximum: dict[str, Any] = {}
         for name, port in variants.items():
@@ -227,7 +246,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
             }
         report["max_throughput"] = maximum
         if "redis" in stores:
-            counts = await metric_sums([admin["redis"]], [*ADMISSION_PATHS, DEGRADED])
+            counts = await metric_sums(list(admin.values()), [*ADMISSION_PATHS, DEGRADED])
             report["admissions"] = {path: int(counts[name]) for path, name in zip(("slice", "awaited"),
                                                                                   ADMISSION_PATHS, strict=True)}
             report["degraded_admits"] = int(counts[DEGRADED])
@@ -244,6 +263,15 @@ async def run_overhead(args: argparse.Namespace) -> int:
                       for q in ("p50", "p99")}
         report["redis_minus_memory_ms"] = difference
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
+    if "buffered" in modes:
+        for mode in modes:
+            if mode != "buffered" and {"p50", "p99"} <= added[f"with_extproc[{mode}]"].keys() <= (
+                    added["with_extproc[buffered]"].keys()):
+                difference = {q: round(added[f"with_extproc[{mode}]"][q] - added["with_extproc[buffered]"][q], 3)
+                              for q in ("p50", "p99")}
+                report[f"{mode}_minus_buffered_ms"] = difference
+                print(f"{mode} request bodies over buffered, same run: p50 {difference['p50']} ms, "
+                      f"p99 {difference['p99']} ms")
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")

@@ -151,6 +151,8 @@ def picker_bootstrap(policy: Policy, shape: Shape, picker: tuple[str, int], pool
         route["response_headers_to_add"] = [{"header": {"key": "x-gateway-upstream-host",
                                                         "value": "%UPSTREAM_REMOTE_ADDRESS%"},
                                              "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}]
+    if body_mode == "streamed":  # the body must reach the picker before its headers reply: the route waits for it
+        ext_proc["send_body_without_waiting_for_header_response"] = True
     filters = ([_subset_from_header(subset_header)] if subset_header else []) + [
         {"name": "envoy.filters.http.ext_proc", "typed_config": ext_proc}, router]
     hcm = {
