@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 HELM   := $(BIN)/helm
 
-.PHONY: demo test lint typecheck check system-deps bench clean helm-lint envoy
+.PHONY: demo test lint typecheck check system-deps bench clean helm-lint envoy helm-schema
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,16 +30,20 @@ helm-lint: $(HELM)
 envoy: $(STAMP) $(HELM)
 	$(BIN)/python envoy/generate.py --helm $(HELM)
 
+# Regenerate helm/values.schema.json (the chart's values, strict; `policy` from the policy model).
+helm-schema: $(STAMP)
+	$(BIN)/python helm/tools/values_schema.py
+
 demo: $(STAMP)
 	$(BIN)/extproc demo
 
 test: $(STAMP) system-deps $(HELM)
-	$(BIN)/ruff check extproc tests envoy
+	$(BIN)/ruff check extproc tests envoy helm/tools
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check extproc tests envoy
+	$(BIN)/ruff check extproc tests envoy helm/tools
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

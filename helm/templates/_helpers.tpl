@@ -54,7 +54,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{- define "extproc.mode" -}}
-{{- $modes := list "istio-gateway" "istio-sidecar" "standalone" -}}
+{{- $modes := list "istio-gateway" "istio-sidecar" "standalone" "epp" -}}
 {{- if not (has .Values.mode $modes) -}}
 {{- fail (printf "mode must be one of %s, got %q" (join ", " $modes) (toString .Values.mode)) -}}
 {{- end -}}
@@ -74,6 +74,10 @@ The policy file as the service reads it: .Values.policy plus what a pod needs.
 - with Redis, limits.replicas (each replica's share when deciding alone: fail-open) defaults to
   replicaCount, or autoscaling.maxReplicas when the HPA owns the count.
 - a tenants Secret makes auth.keys_file default to <tenants.mountPath>/<tenants.keysFile>.
+- epp: mode endpoint-picker, one pool (epp.pool, else the first) whose endpoints come from the InferencePool;
+  epp.tls.secretName makes service.tls point at the mounted Secret.
+- the Istio modes with istio.routing.poolClusters mesh: each pool's `cluster` is Istio's own cluster of its
+  Service (istio.routing.poolServices), the one the pool header then names.
 Defaults below are the policy schema's (extproc/config/schema.py); tests/helm checks they agree.
 */}}
 {{- define "extproc.policy" -}}
@@ -120,6 +124,32 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- $_ := set $limits "replicas" (int $replicas) -}}
 {{- $_ := set $policy "limits" $limits -}}
 {{- end -}}
+{{- if eq .Values.mode "epp" -}}
+{{- $chosen := include "extproc.eppPool" . -}}
+{{- $pool := dict -}}
+{{- range $candidate := (get $policy "pools" | default list) -}}
+{{- if eq $candidate.name $chosen }}{{ $pool = omit $candidate "endpoints" "discovery" }}{{ end -}}
+{{- end -}}
+{{- $_ := set $pool "inference_pool" (dict "name" (include "extproc.inferencePoolName" .) "namespace" .Release.Namespace) -}}
+{{- $_ := set $policy "pools" (list $pool) -}}
+{{- $_ := set $policy "mode" "endpoint-picker" -}}
+{{- if .Values.epp.tls.secretName -}}
+{{- $_ := set $service "tls" (dict "cert_file" "/etc/extproc/tls/tls.crt" "key_file" "/etc/extproc/tls/tls.key") -}}
+{{- if .Values.probes.grpc -}}
+{{- fail "probes.grpc with epp.tls: the kubelet's gRPC probes speak plaintext; use the HTTP probes (probes.grpc: false)" -}}
+{{- end -}}
+{{- end -}}
+{{- else if and (ne .Values.mode "standalone") (eq .Values.istio.routing.poolClusters "mesh") -}}
+{{- $pools := list -}}
+{{- range $pool := (get $policy "pools" | default list) -}}
+{{- $svc := get $.Values.istio.routing.poolServices $pool.name | default "" -}}
+{{- if not (regexMatch "^[a-z0-9]([-a-z0-9.]*[a-z0-9])?:[0-9]{1,5}$" $svc) -}}
+{{- fail (printf "istio.routing.poolServices.%s must name the pool's ClusterIP Service as HOST:PORT (got %q), or set istio.routing.poolClusters: dedicated" $pool.name $svc) -}}
+{{- end -}}
+{{- $pools = append $pools (merge (dict "cluster" (printf "outbound|%s||%s" (regexFind "[0-9]+$" $svc) (regexReplaceAll ":[0-9]+$" $svc ""))) $pool) -}}
+{{- end -}}
+{{- $_ := set $policy "pools" $pools -}}
+{{- end -}}
 {{- if include "extproc.tenantsSecret" . -}}
 {{- $auth := get $policy "auth" | default dict -}}
 {{- if not (get $auth "keys_file") -}}
@@ -128,6 +158,21 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- end -}}
 {{- end -}}
 {{- toYaml $policy -}}
+{{- end -}}
+
+{{/* epp mode: the policy pool the picker serves (epp.pool, else the first pool). */}}
+{{- define "extproc.eppPool" -}}
+{{- $pools := .Values.policy.pools | default list -}}
+{{- if not $pools -}}{{- fail "epp mode needs policy.pools (the pool the picker serves)" -}}{{- end -}}
+{{- $wanted := .Values.epp.pool | default (index $pools 0).name -}}
+{{- $found := "" -}}
+{{- range $pools }}{{ if eq .name $wanted }}{{ $found = .name }}{{ end }}{{ end -}}
+{{- if not $found -}}{{- fail (printf "epp.pool %q is not one of policy.pools" $wanted) -}}{{- end -}}
+{{- $found -}}
+{{- end -}}
+
+{{- define "extproc.inferencePoolName" -}}
+{{- .Values.epp.inferencePool.name | default (include "extproc.eppPool" .) -}}
 {{- end -}}
 
 {{/* Name of the Secret mounted at tenants.mountPath ("" = none). */}}

@@ -20,7 +20,7 @@ CHART = REPO / "helm"
 RELEASE = "llm"
 NAMESPACE = "ai"
 FULLNAME = f"{RELEASE}-extproc"
-MODES = ("istio-gateway", "istio-sidecar", "standalone")
+MODES = ("istio-gateway", "istio-sidecar", "standalone", "epp")
 INSTALL_HINT = "install it with `helm/tools/install-helm.sh` (puts it at .venv/bin/helm)"
 
 
@@ -207,6 +207,21 @@ def istio_routes(objects: list[dict[str, Any]], routes: list[dict[str, Any]]) ->
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 
 
+def istio_outbound_cluster(rendered: Mapping[str, Any]) -> dict[str, Any]:
+    """What istiod generates for a Service port (`outbound|PORT||HOST`): its endpoints (EDS there, the rendered
+    cluster's STATIC ones here), LEAST_REQUEST, 10 s connect timeout, Istio's default circuit breakers; none of our
+    own outlier detection or load balancing policy (the mesh's TLS is left out: plaintext on 127.0.0.1)."""
+    return {
+        "name": rendered["name"], "type": "STATIC", "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST",
+        "circuit_breakers": {"thresholds": [{"max_connections": 4294967295, "max_pending_requests": 4294967295,
+                                             "max_requests": 4294967295, "max_retries": 4294967295,
+                                             "track_remaining": True}]},
+        "common_lb_config": {},
+        "metadata": {"filter_metadata": {"istio": {"services": [{"host": rendered["name"].rpartition("||")[2]}]}}},
+        "load_assignment": copy.deepcopy(rendered["load_assignment"]),
+    }
+
+
 def istio_bootstrap(objects: list[dict[str, Any]], policy_bootstrap: dict[str, Any], routes: list[dict[str, Any]],
                     *, local_extproc: bool) -> dict[str, Any]:
     """`policy_bootstrap` (render_static of the chart's policy) with its listener replaced by what Istio would
@@ -239,7 +254,15 @@ def istio_bootstrap(objects: list[dict[str, Any]], policy_bootstrap: dict[str, A
     for patch in config_patches(objects, "LISTENER"):
         merge_patch(listener, patch["patch"]["value"])
     extproc = next(c for c in static["clusters"] if c["name"] == EXTPROC_CLUSTER)
-    added = [patch["patch"]["value"] for patch in config_patches(objects, "CLUSTER")]
+    rendered = {c["name"]: c for c in static["clusters"]}
+    added = [patch["patch"]["value"] for patch in config_patches(objects, "CLUSTER")
+             if patch["patch"]["operation"] == "ADD"]
+    for patch in config_patches(objects, "CLUSTER"):  # MERGE into Istio's own cluster of the pool's Service
+        if patch["patch"]["operation"] == "MERGE":
+            match = patch["match"]["cluster"]
+            cluster = istio_outbound_cluster(rendered[f"outbound|{match['portNumber']}||{match['service']}"])
+            merge_patch(cluster, patch["patch"]["value"])
+            added.append(cluster)
     if wanted not in {c["name"] for c in added}:
         added.append({**copy.deepcopy(extproc), "name": wanted,
                       "load_assignment": {**extproc["load_assignment"], "cluster_name": wanted}})

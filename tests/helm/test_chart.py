@@ -18,6 +18,7 @@ SCHEMAS = Path(__file__).parent / "schemas"
 CRD_SCHEMAS = {
     ("networking.istio.io/v1alpha3", "EnvoyFilter"): "envoyfilter.schema.json",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitor.schema.json",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepool.schema.json",
 }
 # The chart's kubeVersion floor and the newest schemas kubernetes-validate ships.
 KUBE_VERSIONS = ("1.25", kubernetes_validate.latest_version())
@@ -155,7 +156,9 @@ def test_pods_run_non_root_with_read_only_root(chart: Chart, scenario: str) -> N
     for deployment in (o for o in chart.template(SCENARIOS[scenario]) if o["kind"] == "Deployment"):
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True
-        assert pod["automountServiceAccountToken"] is False
+        # Only the endpoint picker calls the Kubernetes API (its InferencePool and pods).
+        picker = scenario.startswith("epp") and deployment["metadata"]["name"] == FULLNAME
+        assert pod["automountServiceAccountToken"] is picker
         for name, container in containers(deployment).items():
             context = container["securityContext"]
             assert context["readOnlyRootFilesystem"] is True, name
@@ -173,7 +176,8 @@ def test_service_probes_and_ports(chart: Chart) -> None:
     assert extproc["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     assert extproc["startupProbe"]["httpGet"] == {"path": "/healthz", "port": "admin"}
     grpc = containers(find(chart.template(SCENARIOS["grpc-probes+fixed-replicas"]), "Deployment", FULLNAME))
-    assert grpc["extproc"]["readinessProbe"]["grpc"] == {"port": 9002}
+    assert grpc["extproc"]["readinessProbe"]["grpc"] == {"port": 9002, "service": "readiness"}
+    assert grpc["extproc"]["livenessProbe"]["grpc"] == {"port": 9002, "service": "liveness"}  # kept while draining
     service = find(chart.template(), "Service", FULLNAME)
     assert {p["name"]: (p["port"], p.get("appProtocol")) for p in service["spec"]["ports"]} == {
         "grpc": (9002, "grpc")}  # the admin port is not on a Service unless asked for (or scraped)

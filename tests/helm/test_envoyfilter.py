@@ -47,10 +47,21 @@ POLICIES = {
     ]}},
 }
 CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
+# Each pool's ClusterIP Service, whose Istio cluster gets the override_host policy (istio.routing.poolClusters mesh).
+SERVICES = {
+    "custom": {"chat": "vllm-chat.llm.svc.cluster.local:8000", "code": "vllm-code.llm.svc.cluster.local:9000"},
+    "discovery": {"chat": "vllm-chat.llm.svc.cluster.local:8000", "code": "vllm-code.llm.svc.cluster.local:8001",
+                  "embed": "vllm-embed.llm.svc.cluster.local:9000"},
+}
 
 
-def rendered(chart: Chart, mode: str, policy: str) -> tuple[list[dict[str, Any]], Policy]:
-    objects = chart.template({"mode": mode, **POLICIES[policy]})
+def values(policy: str, mode: str = "istio-gateway", **istio: Any) -> dict[str, Any]:
+    routing = {"poolServices": SERVICES.get(policy, {}), **istio.pop("routing", {})}
+    return {"mode": mode, **POLICIES[policy], "istio": {**istio, "routing": routing}}
+
+
+def rendered(chart: Chart, mode: str, policy: str, **istio: Any) -> tuple[list[dict[str, Any]], Policy]:
+    objects = chart.template(values(policy, mode, **istio))
     return objects, parse_policy(policy_text(objects))
 
 
@@ -106,8 +117,7 @@ def test_header_mutation_strips_routing_headers_before_ext_proc(chart: Chart, mo
 @pytest.mark.parametrize("sse", [False, True])
 @pytest.mark.parametrize("policy_name", POLICIES)
 def test_patched_filter_chain_is_the_rendered_chain(chart: Chart, policy_name: str, sse: bool) -> None:
-    values = {"mode": "istio-gateway", "istio": {"usageMetadata": {"sse": sse}}, **POLICIES[policy_name]}
-    objects = chart.template(values)
+    objects = chart.template(values(policy_name, usageMetadata={"sse": sse}))
     expected = http_filters(parse_policy(policy_text(objects)))
     if not sse:
         expected = [f for f in expected if f["name"] != "envoy.filters.http.sse_to_metadata"]
@@ -127,12 +137,41 @@ def test_access_logs_are_the_rendered_ones(chart: Chart, mode: str, policy_name:
 
 
 @pytest.mark.parametrize("policy_name", POLICIES)
-def test_pool_clusters_equal_the_rendered_clusters(chart: Chart, policy_name: str) -> None:
-    objects, policy = rendered(chart, "istio-gateway", policy_name)
+def test_dedicated_pool_clusters_equal_the_rendered_clusters(chart: Chart, policy_name: str) -> None:
+    objects, policy = rendered(chart, "istio-gateway", policy_name, routing={"poolClusters": "dedicated"})
     added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER") if p["patch"]["operation"] == "ADD"]
     expected = [c for c in render_static(policy)["static_resources"]["clusters"] if c["name"] != EXTPROC_CLUSTER]
     assert [c["name"] for c in added] == [pool.name for pool in policy.pools]
     assert added == expected
+
+
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_mesh_pool_clusters_are_istios_own_with_the_override_host_policy_merged_in(chart: Chart,
+                                                                                policy_name: str) -> None:
+    objects, policy = rendered(chart, "istio-gateway", policy_name)
+    services = {**{"llama-8b": "vllm-llama-8b.llm.svc.cluster.local:8000",
+                   "qwen-embed": "vllm-qwen-embed.llm.svc.cluster.local:8000"}, **SERVICES.get(policy_name, {})}
+    patches = list(config_patches(objects, "CLUSTER"))
+    assert [p["patch"]["operation"] for p in patches] == ["MERGE"] * len(policy.pools)  # no cluster of our own
+    rendered_clusters = {c["name"]: c for c in render_static(policy)["static_resources"]["clusters"]}
+    for pool, patch in zip(policy.pools, patches, strict=True):
+        host, _, port = services[pool.name].rpartition(":")
+        # The pool header names Istio's cluster of the pool's Service, which the patch selects.
+        assert pool.cluster == f"outbound|{port}||{host}"
+        assert patch["match"]["cluster"] == {"service": host, "portNumber": int(port)}
+        value = patch["patch"]["value"]
+        assert value["lb_policy"] == "CLUSTER_PROVIDED"
+        # The renderer's load balancing policy, and nothing else of its cluster: the mesh keeps its own TLS,
+        # outlier detection and circuit breakers (DestinationRules).
+        assert value["load_balancing_policy"] == rendered_clusters[pool.cluster]["load_balancing_policy"]
+        assert set(value) == {"lb_policy", "load_balancing_policy"}
+
+
+def test_mesh_pool_clusters_need_each_pool_s_service(chart: Chart) -> None:
+    message = chart.template_error({"policy": CUSTOM_POLICY})
+    assert "istio.routing.poolServices.chat must name the pool's ClusterIP Service as HOST:PORT" in message
+    bad = chart.template_error(values("custom", routing={"poolServices": {"chat": "vllm-chat.llm.svc.cluster.local"}}))
+    assert "/istio/routing/poolServices/chat" in bad  # the values schema: HOST:PORT
 
 
 @pytest.mark.parametrize("policy_name", POLICIES)
@@ -162,7 +201,7 @@ def test_routing_headers_are_stripped_before_the_route_is_chosen_as_rendered(cha
     assert hcm["early_header_mutation_extensions"] == expected
     removed = [m["remove"] for m in expected[0]["typed_config"]["mutations"]]
     assert policy.envoy.cluster_header in removed
-    off = chart.template({"mode": mode, "istio": {"earlyHeaderMutation": False}, **POLICIES[policy_name]})
+    off = chart.template(values(policy_name, mode, earlyHeaderMutation=False))
     assert "early_header_mutation_extensions" not in istio_hcm(off, {})
 
 
@@ -195,7 +234,8 @@ def test_route_patches_make_the_virtualservice_route_the_rendered_routes(chart: 
         return
     assert unrouted["name"] == "llm-fallback"
     assert unrouted["route"] == expected[1]["route"]
-    assert unrouted["route"]["cluster"] == policy.envoy.fallback_pool
+    # The fallback pool's cluster: Istio's own of its Service.
+    assert unrouted["route"]["cluster"] == next(p.cluster for p in policy.pools if p.name == policy.envoy.fallback_pool)
 
 
 def test_without_the_route_guard_ext_proc_fails_as_the_policy_says(chart: Chart) -> None:
@@ -232,8 +272,8 @@ def test_grpc_token_goes_to_ext_proc_and_the_access_log(chart: Chart) -> None:
 
 
 def test_fallback_route_match_and_timeout_can_be_set(chart: Chart) -> None:
-    values = {"policy": CUSTOM_POLICY, "istio": {"routing": {"timeout": "30s", "fallbackMatch": {"prefix": "/v1/"}}}}
-    llm, fallback, _ = istio_routes(chart.template(values), VS_ROUTES)
+    chosen = values("custom", routing={"timeout": "30s", "fallbackMatch": {"prefix": "/v1/"}})
+    llm, fallback, _ = istio_routes(chart.template(chosen), VS_ROUTES)
     assert llm["route"]["timeout"] == fallback["route"]["timeout"] == "30s"
     assert fallback["match"] == {"prefix": "/v1/"}
 
@@ -256,7 +296,7 @@ def test_gateway_and_sidecar_selection(chart: Chart) -> None:
 def test_optional_patches_can_be_turned_off(chart: Chart) -> None:
     objects = chart.template({"istio": {"patchBufferLimit": False, "accessLog": False, "usageMetadata": {"json": False},
                                         "earlyHeaderMutation": False, "requestTimeouts": False,
-                                        "routing": {"clusters": False, "routeName": ""}}})
+                                        "routing": {"poolClusters": "none", "routeName": ""}}})
     assert [p["applyTo"] for p in find(objects, "EnvoyFilter")["spec"]["configPatches"]] == ["HTTP_FILTER"] * 2
 
 
@@ -266,7 +306,7 @@ def test_dedicated_extproc_cluster_targets_the_headless_service(chart: Chart) ->
     assert headless["spec"]["clusterIP"] == "None"
     name = http_filter_patch(objects, "envoy.filters.http.ext_proc")["patch"]["value"]["typed_config"][
         "grpc_service"]["envoy_grpc"]["cluster_name"]
-    added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER")]
+    added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER") if p["patch"]["operation"] == "ADD"]
     (cluster,) = [c for c in added if c["name"] == name]
     assert cluster["type"] == "STRICT_DNS"
     address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]

@@ -20,7 +20,7 @@ XDS_DIR = Path("/etc/envoy/xds")
 @pytest.mark.parametrize("mode", MODES)
 def test_policy_configmap_parses(chart: Chart, mode: str) -> None:
     policy = parse_policy(policy_text(chart.template({"mode": mode})), f"configmap ({mode})")
-    assert len(policy.pools) == 2
+    assert len(policy.pools) == (1 if mode == "epp" else 2)  # a picker serves one pool
     assert policy.service.admin_host == "0.0.0.0"
     # Standalone: only the Envoy of the same pod calls the gRPC port.
     assert policy.service.grpc_host == ("127.0.0.1" if mode == "standalone" else "0.0.0.0")
@@ -102,7 +102,8 @@ def test_pods_roll_when_the_policy_changes(chart: Chart) -> None:
     base = checksum(chart.template())
     assert checksum(chart.template({"policy": {"envoy": {"message_timeout_ms": 900}}})) != base
     assert checksum(chart.template({"policy": {"pools": [
-        {"name": "one", "model": "m", "endpoints": ["10.9.0.1:8000"]}]}})) != base
+        {"name": "one", "model": "m", "endpoints": ["10.9.0.1:8000"]}]},
+        "istio": {"routing": {"poolServices": {"one": "vllm-one.llm.svc.cluster.local:8000"}}}})) != base
     assert checksum(chart.template({"redis": {"enabled": True}})) != base  # limits.store becomes redis
     assert checksum(chart.template({"replicaCount": 5, "serviceMonitor": {"enabled": True}})) == base
 
