@@ -114,10 +114,12 @@ async def picks_are_honoured_and_prefixes_stay_together(client: Client) -> None:
     before = {e["address"]: e["picked_total"] for e in await client.pools()}
     served: dict[int, set[str]] = {}
     hosts: Counter[str] = Counter()
+    # Every client also names a destination itself (Envoy's own admin port): the picker's answer replaces it.
+    hostile = {"x-gateway-destination-endpoint": f"127.0.0.1:{client.stack.policy.envoy.admin_port}"}
     for index in range(15):
         group = index % 3
         prompt = f"group {group} " + ("a shared system prompt about the group's documents. " * 60) + f"q{index}"
-        status, payload, host = await client.chat(prompt)
+        status, payload, host = await client.chat(prompt, headers=hostile)
         assert status == 200, payload
         served.setdefault(group, set()).add(host)
         hosts[host] += 1

@@ -230,3 +230,21 @@ pools:
         assert refusal.status.code == status, mode
         assert json.loads(refusal.body)["error"]["code"] == "overloaded_saturated"
         assert in_flight(registry) == 0
+
+
+async def test_hostile_bodies_in_full_duplex_get_their_error_and_leave_nothing_behind() -> None:
+    for body, code in ((b'{"model": "org/chat", "messages": [', "invalid_json"), (b"", "invalid_json"),
+                       (b'{"model": "nope", "messages": []}', "model_not_found")):
+        written, registry = await run([headers(), *pieces(body, 2)] if body else [headers(), chunk(b"", True)])
+        assert len(written) == 1, body
+        assert json.loads(written[0].immediate_response.body)["error"]["code"] == code
+        assert in_flight(registry) == 0
+
+
+def test_explain_in_endpoint_picker_mode_shows_the_protocol_s_header() -> None:
+    service, _, _ = make(EPP)
+    head = protocol.request_head(headers().request_headers)
+    explained = service._gateway.explain(head, MODEL)
+    assert explained["decision"] == "route" and explained["pool"] == "chat"
+    assert set(explained["set_headers"]) == {DESTINATION}
+    assert explained["set_headers"][DESTINATION].split(",")[0] == explained["endpoints"][0]

@@ -141,3 +141,31 @@ def test_audit_log_is_a_json_file_log_next_to_the_grpc_log() -> None:
     assert fields["client_request_id"] == "%REQ(X-REQUEST-ID)%"
     assert fields["prompt_tokens"] == "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%"
     assert "%REQ(AUTHORIZATION)%" not in str(fields)
+
+
+def test_an_endpoint_picker_policy_renders_istio_s_inference_pool_shape(tmp_path: Path) -> None:
+    from extproc.config.epp import DESTINATION_ENDPOINT, DESTINATION_ENDPOINT_SERVED
+
+    policy = parse_policy("""\
+mode: endpoint-picker
+service: {grpc_port: 9100}
+envoy: {request_body_mode: streamed}
+pools: [{name: chat, model: m, endpoints: ["10.0.0.1:8000", "10.0.0.2:8000"]}]
+""")
+    static = render_static(policy)["static_resources"]
+    (pool, picker) = static["clusters"]
+    override = pool["load_balancing_policy"]["policies"][0]["typed_extension_config"]["typed_config"]
+    assert override["override_host_sources"] == [{"metadata": {"key": "envoy.lb",
+                                                               "path": [{"key": DESTINATION_ENDPOINT}]}}]
+    assert override["selected_host_key"] == {"key": "envoy.lb", "path": [{"key": DESTINATION_ENDPOINT_SERVED}]}
+    assert picker["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"] == {
+        "socket_address": {"address": "127.0.0.1", "port_value": 9100}}
+    hcm = static["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    ext_proc = hcm["http_filters"][0]["typed_config"]
+    assert ext_proc["metadata_options"]["forwarding_namespaces"] == {"untyped": ["envoy.lb"]}
+    assert ext_proc["send_body_without_waiting_for_header_response"] is True  # STREAMED must not wait
+    route = hcm["route_config"]["virtual_hosts"][0]["routes"][0]
+    mode = route["typed_per_filter_config"]["envoy.filters.http.ext_proc"]["overrides"]["processing_mode"]
+    assert mode["request_body_mode"] == "STREAMED"
+    written = write_config(policy, tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in written] == ["bootstrap.yaml", "static/envoy.yaml"]
