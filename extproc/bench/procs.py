@@ -29,6 +29,7 @@ __all__ = [
     "ProcessGroup",
     "cpu_seconds",
     "self_cpu_seconds",
+    "tree_cpu_seconds",
     "wait_file",
     "wait_http_ok",
     "wait_port",
@@ -96,6 +97,22 @@ def cpu_seconds(pid: int, *, include_children: bool = False) -> float:
     if include_children:
         ticks += int(fields[13]) + int(fields[14])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and every live descendant (a supervisor and its workers), plus the children it
+    reaped; a descendant that exits between two reads loses its last moments."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            total += cpu_seconds(current, include_children=current == pid)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+    return total
 
 
 def self_cpu_seconds() -> float:

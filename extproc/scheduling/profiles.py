@@ -93,10 +93,7 @@ class Scheduler:
 
     def schedule(self, profile: str, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,
                  timer: PluginTimer | None = None, explain: Explanation | None = None) -> list[Endpoint]:
-        chosen_profile = self.profiles[profile]
-        if timer is None:
-            return chosen_profile.schedule(request, endpoints, count, explain=explain)
-        return chosen_profile.schedule(request, endpoints, count, timer, explain)
+        return self.profiles[profile].schedule(request, endpoints, count, timer, explain)
 
 
 def validate_scheduling(config: SchedulingConfig) -> None:
