@@ -29,8 +29,34 @@ def _run_async(main: Coroutine[Any, Any, int]) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from extproc.server import run
 
+    if args.workers < 1:
+        print("--workers takes a positive number", file=sys.stderr)
+        return 2
+    if args.workers > 1 and args.worker is None:
+        return _run_async(_supervise(args))
+    worker = None
+    if args.worker is not None:
+        index, _, count = args.worker.partition("/")
+        worker = (int(index), int(count))
     return _run_async(run(Path(args.config), grace_s=args.grace, grpc_port=args.grpc_port, admin_port=args.admin_port,
-                          drain_delay_s=args.drain_delay))
+                          drain_delay_s=args.drain_delay, worker=worker))
+
+
+async def _supervise(args: argparse.Namespace) -> int:
+    from extproc.server.workers import Supervisor
+
+    policy = load_policy(args.config)  # config errors end here, before any worker starts
+    service = policy.service
+    admin_port = args.admin_port if args.admin_port is not None else service.admin_port
+
+    def argv(index: int) -> list[str]:
+        command = [sys.executable, "-m", "extproc", "--log-level", args.log_level, "serve", "--config", args.config,
+                   "--worker", f"{index}/{args.workers}", "--grace", str(args.grace), "--drain-delay",
+                   str(args.drain_delay), "--admin-port", str(admin_port)]
+        return command + (["--grpc-port", str(args.grpc_port)] if args.grpc_port is not None else [])
+
+    supervisor = Supervisor(args.workers, argv, service.admin_host, admin_port, args.grace + args.drain_delay + 5)
+    return await supervisor.run()
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -171,6 +197,11 @@ def build_parser() -> argparse.ArgumentParser:
                             "health check moves new streams to other replicas first (default 3)")
     serve.add_argument("--grpc-port", type=int, help="override service.grpc_port (several replicas on one host)")
     serve.add_argument("--admin-port", type=int, help="override service.admin_port")
+    serve.add_argument("--workers", type=int, default=1,
+                       help="service processes sharing the gRPC port (SO_REUSEPORT), under a supervisor that "
+                            "restarts them and serves the admin port's /metrics, /healthz and /readyz for all; "
+                            "worker I's own admin API is on admin port + 1 + I (default 1: no supervisor)")
+    serve.add_argument("--worker", help=argparse.SUPPRESS)  # I/N: set by the supervisor for its workers
 
     validate = add("validate", _cmd_validate, "Validate policy files; prints file:line errors, exit 1 on any.")
     validate.add_argument("files", nargs="+", help="policy YAML files")
