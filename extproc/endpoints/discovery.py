@@ -13,12 +13,23 @@ import ipaddress
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
+from typing import Protocol
 
-from extproc.config.schema import DnsDiscovery, PoolConfig
+from extproc.endpoints.config import DnsDiscovery
 
 log = logging.getLogger(__name__)
 
 Resolver = Callable[[str, int, int], Awaitable[list[str]]]
+
+
+class DiscoveringPool(Protocol):
+    """What discovery reads of a pool's configuration (`extproc.config.schema.PoolConfig`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def discovery(self) -> DnsDiscovery | None: ...
 
 
 async def getaddrinfo_resolver(name: str, port: int, family: int) -> list[str]:
@@ -46,7 +57,7 @@ class DnsDiscoverer:
         self.addresses: dict[str, tuple[str, ...]] = {}
         self.failures_total = 0
 
-    def configure(self, pools: Iterable[PoolConfig]) -> None:
+    def configure(self, pools: Iterable[DiscoveringPool]) -> None:
         """Start, restart or stop resolvers so they match the pools (call again after a reload)."""
         wanted = {pool.name: pool.discovery for pool in pools if pool.discovery is not None}
         for name in list(self._tasks):

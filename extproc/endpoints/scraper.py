@@ -16,7 +16,7 @@ from types import TracebackType
 
 import aiohttp
 
-from extproc.config.schema import SaturationConfig, ScrapeConfig
+from extproc.endpoints.config import SaturationConfig, ScrapeConfig
 from extproc.endpoints.registry import Endpoint, EndpointRegistry
 from extproc.endpoints.vllm_metrics import parse_vllm_metrics
 
