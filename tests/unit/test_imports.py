@@ -6,6 +6,8 @@ happen to be imported first). Imports under `if TYPE_CHECKING:` are for the type
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,3 +115,10 @@ def test_imports_in_functions_count_and_type_checking_ones_do_not() -> None:
 def test_cycles_are_found() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_service_needs_no_redis_py() -> None:
+    """Every Redis connection goes through the lean RESP client; redis-py is a test dependency only."""
+    code = ("import sys; sys.modules['redis'] = None\n"  # any `import redis...` now raises ImportError
+            "import extproc.cli, extproc.server.app, extproc.rollout.redis_store, extproc.bench.burst")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
