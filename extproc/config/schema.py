@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 from extproc.endpoints.config import DnsDiscovery, HealthPolicy, SaturationConfig, ScrapeConfig
 from extproc.flow.config import FlowControlConfig
 from extproc.guard.config import GuardConfig
-from extproc.limits.config import LimitsConfig, TierLimits
+from extproc.limits.config import LimitsConfig, RedisTls, TierLimits
 from extproc.policy_types import HeaderName, PoolName, Port, Strict
 from extproc.rollout.config import RolloutPolicy, check_splits
 from extproc.scheduling.config import (
@@ -29,7 +29,7 @@ from extproc.scheduling.config import (
 __all__ = [
     "BUILTIN_PROFILES", "AuditConfig", "AuthConfig", "BoundsConfig", "DnsDiscovery", "EnvoyConfig",
     "FlowControlConfig", "GuardConfig", "HealthPolicy", "LimitsConfig", "PluginConfig", "PluginRef", "Policy",
-    "PoolConfig", "ProfileConfig", "RolloutPolicy", "SaturationConfig", "SchedulingConfig",
+    "PoolConfig", "ProfileConfig", "RedisTls", "RolloutPolicy", "SaturationConfig", "SchedulingConfig",
     "ScrapeConfig", "ServiceConfig", "TierConfig", "TierLimits", "parse_endpoint",
 ]
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from extproc.limits.redis_address import RedisTls, parse_url
 from extproc.policy_types import Strict
 
-__all__ = ["LimitsConfig", "TierLimits"]
+__all__ = ["LimitsConfig", "RedisTls", "TierLimits"]
 
 
 class TierLimits(Strict):
@@ -28,6 +29,8 @@ class TierLimits(Strict):
 class LimitsConfig(Strict):
     store: Literal["memory", "redis"] = "memory"
     redis_url: str | None = Field(default=None, description="redis:// or rediss://; env EXTPROC_REDIS_URL wins")
+    # TLS of every Redis connection (limits, fleet and calibration exchanges, rollouts): needs rediss://
+    redis_tls: RedisTls | None = None
     # redis_url names any node of a Redis Cluster: commands go to the primary serving their keys' slot
     redis_cluster: bool = False
     on_store_failure: Literal["fail-open", "fail-closed"] = "fail-open"
@@ -52,8 +55,15 @@ class LimitsConfig(Strict):
     # default the number of envoy.extproc_endpoints (at least 1).
     replicas: int | None = Field(default=None, ge=1, le=10_000)
 
+    @field_validator("redis_url")
+    @classmethod
+    def _valid_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_url(value)  # ValueError: the scheme (no unix://), port or database
+        return value
+
     @model_validator(mode="after")
-    def _redis_url(self) -> LimitsConfig:
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("limits.redis_url must start with redis://, rediss:// or unix://")
+    def _tls_needs_rediss(self) -> LimitsConfig:
+        if self.redis_tls is not None and self.redis_url is not None and not parse_url(self.redis_url).tls:
+            raise ValueError("limits.redis_tls needs a rediss:// redis_url")
         return self

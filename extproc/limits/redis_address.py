@@ -69,9 +69,16 @@ class RedisTls(Strict):
 
     @field_validator("ca_file", "cert_file", "key_file")
     @classmethod
-    def _absolute(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith("/"):
+    def _readable(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path")
+        try:
+            with open(value, "rb") as file:
+                file.read(1)
+        except OSError as exc:
+            raise ValueError(f"{value}: {exc.strerror or exc}") from None
         return value
 
     @model_validator(mode="after")
