@@ -77,6 +77,7 @@ class DnsDiscoverer:
                 continue  # unchanged: keep resolving on its own schedule
             if name in self._loops:
                 self._loops.pop(name).cancel()
+                self._failures.pop(name, None)
             self._configs[name] = discovery
             self._loops[name] = loop = Periodic(f"dns-{name}", partial(self.resolve_once, name, discovery),
                                                 discovery.interval_s, log=log, immediate=True, sleep=self._sleep)

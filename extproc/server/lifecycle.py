@@ -57,8 +57,11 @@ class Reloader:
 
     def apply(self, policy: Policy) -> None:
         current = self._runtimes.current.policy
-        if policy.service != current.service or policy.limits.store != current.limits.store:
-            log.warning("service ports and the limits store are not reloaded live; restart to change them")
+        redis = ("store", "redis_url", "redis_tls", "redis_cluster")
+        if policy.service != current.service or any(
+                getattr(policy.limits, name) != getattr(current.limits, name) for name in redis):
+            log.warning("service ports and the limits store (Redis URL, TLS, cluster) are not reloaded live; "
+                        "restart to change them")
         runtime = self._runtimes.replace(policy)
         self._metrics.config_loads.labels("ok").inc()
         self._metrics.config_version.set(runtime.version)
