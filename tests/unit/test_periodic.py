@@ -128,12 +128,16 @@ async def test_run_once_applies_the_same_handling_to_other_work() -> None:
 
 async def test_cancel_does_not_wait_and_stop_waits_for_the_task_to_unwind() -> None:
     unwound: list[str] = []
+    parked = asyncio.Event()
+    cleanup_done = asyncio.Event()
 
     async def sleep(delay: float) -> None:
+        parked.set()
         try:
             await asyncio.Event().wait()
         finally:
-            await asyncio.sleep(0)  # cleanup that awaits
+            asyncio.get_running_loop().call_soon(cleanup_done.set)
+            await cleanup_done.wait()  # a cleanup that itself awaits
             unwound.append("done")
 
     async def work() -> None:
@@ -141,13 +145,15 @@ async def test_cancel_does_not_wait_and_stop_waits_for_the_task_to_unwind() -> N
 
     loop = Periodic("t", work, 1.0, log=log, sleep=sleep)
     loop.start()
-    await asyncio.sleep(0)
+    await parked.wait()
     await loop.stop()
     assert unwound == ["done"] and not loop.running
+    parked.clear()
+    cleanup_done.clear()
     loop.start()  # restartable
-    await asyncio.sleep(0)
+    await parked.wait()
     loop.cancel()
-    assert not loop.running
+    assert not loop.running and unwound == ["done"]  # cancelled, not yet unwound
     await loop.stop()  # nothing left to wait for
 
 
