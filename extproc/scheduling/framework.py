@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint
+from extproc.endpoints.config import SaturationConfig
 from extproc.endpoints.load import LoadModel
 
 # Scheduling requests built without a pool's model (tests, benches): default saturation, 1 s staleness.
