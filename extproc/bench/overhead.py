@@ -35,7 +35,7 @@ from extproc.bench.procs import (
     wait_port,
 )
 from extproc.bench.report import format_table, write_json
-from extproc.bench.stack import PYTHON, free_ports
+from extproc.bench.stack import PYTHON, free_port_block, free_ports
 from extproc.bench.stats import summarize
 from extproc.config import Policy, parse_policy
 from extproc.guard import DETECTORS
@@ -76,7 +76,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
     parser.add_argument("--workers", default="1",
-                        help="service processes (serve --workers N) of the first store's variant; several, "
+                        help="service processes (service.workers) of the first store's variant; several, "
                              "comma-separated (1,2), each get their own service and Envoy in the same run")
     parser.add_argument("--trivial", choices=["on", "off"], default="on",
                         help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
@@ -136,10 +136,12 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
 
 
 def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, direct_port: int,
-            redis_port: int) -> Path:
+            redis_port: int, workers: int) -> Path:
     grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
+    if workers > 1:  # the supervisor's admin port, its workers' right after it
+        admin_port = free_port_block(workers + 1)
     policy_doc: dict[str, Any] = {
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "workers": workers},
         "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
         "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
     }
@@ -189,7 +191,8 @@ async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, v
                  first: bool, ports: tuple[int, int, int]) -> Target:
     name, store, workers = variant
     direct_port, bare_port, redis_port = ports
-    policy_path = _policy(workdir, name.replace("[", "-").replace("]", ""), store, args, direct_port, redis_port)
+    policy_path = _policy(workdir, name.replace("[", "-").replace("]", ""), store, args, direct_port, redis_port,
+                          workers)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
     bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
@@ -203,8 +206,7 @@ async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, v
         await wait_port("127.0.0.1", policy.service.grpc_port, 30, child=service)
     else:
         service = await group.start(label, [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
-                                            "--config", str(policy_path),
-                                            *(["--workers", str(workers)] if workers > 1 else [])])
+                                            "--config", str(policy_path)])
         admin = f"http://127.0.0.1:{policy.service.admin_port}"
         await wait_http_ok(f"{admin}/readyz", 30, child=service)
     envoy = await group.start(f"envoy-{label}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",

@@ -66,6 +66,9 @@ class ServiceConfig(Strict):
     admin_token_file: str | None = None
     # /debug/explain calls per second (burst twice that), over every caller.
     explain_per_s: float = Field(default=5.0, gt=0, le=1000)
+    # Service processes sharing grpc_port under a supervisor (README "Workers"); read at start. The rendered
+    # Envoy config opens one HTTP/2 connection per few streams when it is above 1, so streams spread.
+    workers: int = Field(default=1, ge=1, le=64)
 
     @field_validator("grpc_token_file", "admin_token_file")
     @classmethod

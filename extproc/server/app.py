@@ -36,7 +36,7 @@ from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_store
-from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, STREAMS_PER_CONNECTION, worker_admin_port
+from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
@@ -52,9 +52,8 @@ _GRPC_OPTIONS = [
 ]
 
 
-# Several workers on one port: small connections, aged out, so Envoy's streams spread over them (workers.py).
+# Several workers on one port: connections aged out, so Envoy's new ones spread over them (workers.py).
 _WORKER_GRPC_OPTIONS = [
-    ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
     ("grpc.max_connection_age_ms", int(CONNECTION_AGE_S * 1000)),
     ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
 ]

@@ -5,10 +5,10 @@ kernel spreads Envoy's connections over them. Workers share nothing but the limi
 replicas in one pod (exact shared limits, shared rollout state, in-flight counts through fleet sync); with the
 memory store each worker enforces the limits on its own share of the connections (README "Workers").
 
-Envoy multiplexes every ext_proc stream of one of its threads on one HTTP/2 connection, and one connection
-lands on one worker. So workers advertise a small `max_concurrent_streams` (Envoy opens another connection
-when a connection is full: more load, more connections) and age their connections out (GOAWAY after
-`CONNECTION_AGE_S`, streams in flight keep going): the kernel re-spreads the new ones.
+Envoy multiplexes the ext_proc streams of one of its threads on one HTTP/2 connection, and one connection
+lands on one worker. So the rendered Envoy config caps the streams per connection when `service.workers` is
+above 1 (extproc/xds/render.py: more load, more connections), and workers age their connections out (GOAWAY
+after `CONNECTION_AGE_S`, streams in flight keep going): the kernel re-spreads the new ones.
 
 The supervisor restarts a worker that exits (backoff 0.5 s doubling to 30 s, reset after a minute of life),
 forwards SIGTERM/SIGINT so every worker drains as a single service would, and owns the admin port: /metrics
@@ -37,10 +37,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CONNECTION_AGE_S", "STREAMS_PER_CONNECTION", "Supervisor", "die_with_parent", "merge_metrics",
-           "worker_admin_port"]
+__all__ = ["CONNECTION_AGE_S", "Supervisor", "die_with_parent", "merge_metrics", "worker_admin_port"]
 
-STREAMS_PER_CONNECTION = 8  # a worker's HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS: Envoy opens more connections
 CONNECTION_AGE_S = 30.0  # then GOAWAY: Envoy reconnects, and the kernel spreads the new connection
 CONNECTION_AGE_GRACE_S = 900.0  # streams in flight on an aged connection may run this much longer
 _BACKOFF_S = (0.5, 30.0)
