@@ -1,5 +1,5 @@
-"""Policy models of endpoint-picker mode (the Gateway API Inference Extension protocol), of InferencePool
-discovery and of TLS on the gRPC port.
+"""Policy models of endpoint-picker mode (the Gateway API Inference Extension protocol) and of TLS on the gRPC
+port (the `endpoint_picker` and `service.tls` sections; `pools[].inference_pool` is extproc/endpoints/config.py).
 
 In endpoint-picker mode (`mode: endpoint-picker`) the gateway in front of us (Istio, kgateway, Envoy AI Gateway,
 GKE) has already chosen the pool through an HTTPRoute to an `InferencePool`; we pick the endpoint inside it and
@@ -12,13 +12,15 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from extproc.policy_types import Strict
 
 if TYPE_CHECKING:
     from extproc.config.schema import Policy
 
 __all__ = ["DESTINATION_ENDPOINT", "DESTINATION_ENDPOINT_SERVED", "DESTINATION_ENDPOINT_SUBSET",
-           "EndpointPickerConfig", "GrpcTls", "InferencePoolSource", "endpoint_picker_problems"]
+           "EndpointPickerConfig", "GrpcTls", "endpoint_picker_problems"]
 
 # The protocol's keys (gateway-api-inference-extension, docs/proposals/004-endpoint-picker-protocol): the pick
 # as a request header and as a dynamic-metadata key; the subset hint and the served endpoint as metadata keys.
@@ -26,23 +28,10 @@ DESTINATION_ENDPOINT = "x-gateway-destination-endpoint"
 DESTINATION_ENDPOINT_SUBSET = "x-gateway-destination-endpoint-subset"
 DESTINATION_ENDPOINT_SERVED = "x-gateway-destination-endpoint-served"
 
-# Kubernetes object names: DNS-1123 subdomain (an InferencePool) and label (a namespace).
-_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _NAMESPACE = re.compile(r"^[a-z0-9._-]{1,128}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-def _absolute(value: str | None) -> str | None:
-    if value is not None and not value.startswith("/"):
-        raise ValueError(f"{value!r} must be an absolute path")
-    return value
-
-
-class EndpointPickerConfig(_Strict):
+class EndpointPickerConfig(Strict):
     """How the service answers in endpoint-picker mode (README "Endpoint-picker mode")."""
 
     # Answer exactly one ip:port, no fallbacks: for data planes that route by an ORIGINAL_DST cluster reading
@@ -62,54 +51,7 @@ class EndpointPickerConfig(_Strict):
     shed_status: Literal[429, 503] = 429
 
 
-class InferencePoolSource(_Strict):
-    """A pool's endpoints from a watched `InferencePool` (inference.networking.k8s.io/v1) and its ready pods:
-    `podIP:port` for every one of the pool's `targetPorts`, for every pod its selector matches that is Ready."""
-
-    name: str = Field(min_length=1, max_length=253)
-    # "" = the namespace of the service's own pod (its service account's namespace file), else `default`.
-    namespace: str = Field(default="", max_length=63)
-    # The Kubernetes API: in the cluster by default (service account token and CA); `kubeconfig` for a
-    # service run outside; `api_server` names the server directly (with `token_file` / `ca_file` if it needs
-    # them; http:// only for tests and local proxies such as `kubectl proxy`).
-    api_server: str | None = None
-    kubeconfig: str | None = None
-    token_file: str | None = None
-    ca_file: str | None = None
-    # A failed list or watch is retried after a delay doubling from backoff_initial_s up to backoff_max_s
-    # (with jitter); a watch is re-opened after watch_timeout_s (the API server's own bound on a watch).
-    backoff_initial_s: float = Field(default=0.5, gt=0, le=60)
-    backoff_max_s: float = Field(default=30.0, gt=0, le=600)
-    watch_timeout_s: int = Field(default=300, ge=10, le=3600)
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not _SUBDOMAIN.match(value):
-            raise ValueError(f"InferencePool name {value!r} is not a Kubernetes object name")
-        return value
-
-    @field_validator("namespace")
-    @classmethod
-    def _valid_namespace(cls, value: str) -> str:
-        if value and not _LABEL.match(value):
-            raise ValueError(f"namespace {value!r} is not a Kubernetes namespace name")
-        return value
-
-    @field_validator("kubeconfig", "token_file", "ca_file")
-    @classmethod
-    def _absolute_paths(cls, value: str | None) -> str | None:
-        return _absolute(value)
-
-    @field_validator("api_server")
-    @classmethod
-    def _url(cls, value: str | None) -> str | None:
-        if value is not None and not value.startswith(("https://", "http://")):
-            raise ValueError(f"api_server {value!r} must be an https:// (or http://) URL")
-        return value
-
-
-class GrpcTls(_Strict):
+class GrpcTls(Strict):
     """TLS on the gRPC port (ext_proc, access log, health): a PEM certificate chain and key, read at start and
     again whenever either file changes (checked every `reload_interval_s`; new connections get the new pair)."""
 
@@ -120,9 +62,9 @@ class GrpcTls(_Strict):
     @field_validator("cert_file", "key_file")
     @classmethod
     def _absolute_paths(cls, value: str) -> str:
-        checked = _absolute(value)
-        assert checked is not None
-        return checked
+        if not value.startswith("/"):
+            raise ValueError(f"{value!r} must be an absolute path")
+        return value
 
 
 def endpoint_picker_problems(policy: Policy) -> list[str]:

@@ -6,8 +6,9 @@ list, then watch from the list's resourceVersion (bookmarks advance it while not
 ends is re-opened from the last version seen; `410 Gone` (the version is older than the server keeps) lists again;
 any other failure is retried after a backoff doubling up to a bound, with jitter. A pool's address set is published
 (`on_change(pool, addresses)`, the same call DNS discovery makes) whenever it changes; a failing API server keeps
-the last good set. The Kubernetes API itself is a port (`ListWatch`): `extproc.endpoints.kube` adapts the
-maintained `kubernetes_asyncio` client to it; tests use an in-memory one.
+the last good set. The Kubernetes API itself is a port (`Api`, `ListWatch`): `extproc.endpoints.kube` adapts the
+maintained `kubernetes_asyncio` client to it (the service imports it only once a pool is watched); unit tests use
+an in-memory one.
 """
 
 from __future__ import annotations
@@ -15,21 +16,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from extproc.aio import cancel_and_wait
-from extproc.config.epp import InferencePoolSource
-from extproc.config.schema import PoolConfig
+from extproc.aio import Sleep, cancel_and_wait
+from extproc.endpoints.config import InferencePoolSource
 from extproc.endpoints.discovery import format_endpoint
+from extproc.periodic import FailureLog
 
 __all__ = ["Gone", "InferencePoolDiscovery", "ListWatch", "PoolSpec", "Reflector", "pod_addresses", "pool_spec",
            "ready_ip"]
 
 log = logging.getLogger(__name__)
 
-Sleep = Callable[[float], Awaitable[None]]  # asyncio.sleep, or a test's stepping sleep
+class WatchedPool(Protocol):
+    """What InferencePool discovery reads of a pool's configuration (`extproc.config.schema.PoolConfig`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def inference_pool(self) -> InferencePoolSource | None: ...
 
 
 class Gone(Exception):
@@ -118,7 +126,11 @@ class Reflector:
         self.items: dict[str, dict[str, Any]] = {}
         self.resource_version = ""
         self.lists_total = 0
-        self.failures_total = 0
+        self._failures = FailureLog(name, log)  # logged once per state change, like every background loop
+
+    @property
+    def failures_total(self) -> int:
+        return self._failures.failures_total
 
     async def run(self) -> None:
         while True:
@@ -131,10 +143,9 @@ class Reflector:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the API server unreachable, refusing, or answering garbage
-                self.failures_total += 1
-                delay = self._backoff.delay()
-                log.warning("%s: %s; retrying in %.1fs (keeping %d objects)", self.name, exc, delay, len(self.items))
-                await self._sleep(delay)
+                self._failures.failed(f"{exc or type(exc).__name__}; retrying with backoff (keeping the last "
+                                      f"{len(self.items)} objects)")
+                await self._sleep(self._backoff.delay())
 
     async def _list(self) -> None:
         items, version = await self._source.list()
@@ -142,6 +153,7 @@ class Reflector:
         self.resource_version = version
         self.lists_total += 1
         self._backoff.reset()
+        self._failures.recovered()
         self._on_change(self.items)
 
     async def _watch(self) -> None:
@@ -235,7 +247,7 @@ ApiFactory = Callable[[InferencePoolSource], Api]
 class InferencePoolDiscovery:
     """One `PoolWatch` per pool whose endpoints come from an InferencePool; `synced` once each has listed."""
 
-    def __init__(self, on_change: Callable[[str, tuple[str, ...]], None], api: ApiFactory | None = None,
+    def __init__(self, on_change: Callable[[str, tuple[str, ...]], None], api: ApiFactory,
                  sleep: Sleep = asyncio.sleep) -> None:
         self._on_change = on_change
         self._api = api
@@ -260,7 +272,7 @@ class InferencePoolDiscovery:
     def watches(self) -> dict[str, PoolWatch]:
         return {name: watch for name, (_, watch, _) in self._watches.items()}
 
-    def configure(self, pools: Iterable[PoolConfig]) -> None:
+    def configure(self, pools: Iterable[WatchedPool]) -> None:
         """Start, restart or stop watches so they match the pools (call again after a reload)."""
         wanted = {pool.name: pool.inference_pool for pool in pools if pool.inference_pool is not None}
         for name in list(self._watches):
@@ -269,7 +281,7 @@ class InferencePoolDiscovery:
         for name, source in wanted.items():
             if name in self._watches:
                 continue
-            api = self._api(source) if self._api is not None else _kubernetes(source)
+            api = self._api(source)
             watch = PoolWatch(name, source, api, self._changed, self._sleep)
             self._synced.clear()
             self._watches[name] = (source, watch, asyncio.create_task(watch.run(), name=f"inferencepool-{name}"))
@@ -279,10 +291,3 @@ class InferencePoolDiscovery:
         self._watches.clear()
         for task in tasks:
             await cancel_and_wait(task)
-
-
-def _kubernetes(source: InferencePoolSource) -> Api:
-    from extproc.endpoints.kube import KubernetesApi  # the client is only imported where a pool is watched
-
-    return KubernetesApi(source)
-

@@ -16,7 +16,7 @@ from kubernetes_asyncio.client import ApiClient, Configuration, CoreV1Api, Custo
 from kubernetes_asyncio.client.exceptions import ApiException
 from kubernetes_asyncio.watch import Watch
 
-from extproc.config.epp import InferencePoolSource
+from extproc.endpoints.config import InferencePoolSource
 from extproc.endpoints.inference_pool import Gone
 
 __all__ = ["GROUP", "PLURAL", "VERSION", "KubernetesApi", "own_namespace"]

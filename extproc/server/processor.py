@@ -11,6 +11,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+from prometheus_client import CollectorRegistry
 
 from extproc.config.epp import (
     DESTINATION_ENDPOINT,
@@ -73,10 +74,10 @@ class StreamProcessor:
         self.closed = True
         return protocol.immediate_response(reply)
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> Reply:
+    def handle(self, message: ext_pb.ProcessingRequest, phase: str | None) -> Reply:
+        """Answer one message (`phase`: its WhichOneof("request"))."""
         if self.closed:
             return None
-        phase = message.WhichOneof("request")
         if phase == "request_headers":
             return self._request_headers(message)
         if phase == "request_body":
@@ -170,11 +171,10 @@ class StreamProcessor:
         if not isinstance(decision, Route):
             return self._immediate(decision)
         picker = self.picker
-        metadata = protocol.lb_metadata(decision, picker.metadata_namespace, DESTINATION_ENDPOINT) if (
-            picker is not None) else None
+        pick = (picker.metadata_namespace, DESTINATION_ENDPOINT) if picker is not None else None
         if not self.hold:
-            return protocol.route_response(decision, metadata)
-        replies = [protocol.held_headers_response(decision, metadata)]
+            return protocol.route_response(decision, pick)
+        replies = [protocol.held_headers_response(decision, pick)]
         body = decision.body if decision.body is not None else self.chunks[0]
         if self.request_mode == protocol.FULL_DUPLEX:
             replies += protocol.streamed_request_body(body, end_of_stream=not self.trailers)
@@ -199,16 +199,19 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._gateway = gateway
         self._store = store
         self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
-        self._metrics = metrics
+        self._metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
+        self._phase_cpu = {phase: counter.inc for phase, counter in self._metrics.phase_cpu.items()}
+        self._streams = self._metrics.streams.inc
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         if self._token is not None and not authorized(context, self._token):
-            if self._metrics is not None:
-                self._metrics.refused_streams.labels("ext_proc").inc()
+            self._metrics.refused_streams.labels("ext_proc").inc()
             await refuse(context)
             return
+        self._streams()
+        cpu = time.thread_time  # CPU of the loop's thread per phase: our own work, not the awaits in between
         # read()/write() on the context instead of an async generator: one less layer per message.
         stream = StreamProcessor(self._gateway)
         try:
@@ -216,23 +219,31 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                 message = await context.read()
                 if message is EOF:
                     return
+                phase = message.WhichOneof("request")
+                started = cpu()
+                used = 0.0
                 try:
-                    response = stream.handle(message)
+                    response = stream.handle(message, phase)
                     while isinstance(response, AdmitRequest | Ticket):
+                        used += cpu() - started
                         if isinstance(response, AdmitRequest):
                             # One store round trip, bounded by its deadline.
-                            response = stream.resume(await self._store.admit(response))
+                            answer: AdmitResult | Rejected | None = await self._store.admit(response)
                         else:
                             # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
                             if stream.extends_timer:
                                 await context.write(
                                     protocol.extend_message_timeout(response.deadline - time.monotonic()))
-                            response = stream.resume(await response.wait())
+                            answer = await response.wait()
+                        started = cpu()
+                        response = stream.resume(answer)
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
-                    if stream.exchange is not None and message.WhichOneof("request") in _DECISION_PHASES:
+                    if stream.exchange is not None and phase in _DECISION_PHASES:
                         self._gateway.failed(stream.exchange)  # its decision never reached Envoy: no charge
                     response = protocol.immediate_response(_INTERNAL_ERROR)
+                if phase in self._phase_cpu:
+                    self._phase_cpu[phase](used + cpu() - started)
                 if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)
                 elif response is not None:
@@ -240,13 +251,16 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                         await context.write(reply)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
+            started = cpu()
             if stream.body is not None:
                 stream.body.close()  # the client left while the decision waited: nothing more is decided
+            held, routed = None, False
             if stream.exchange is not None:
                 routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)
-                if held is not None:
-                    await self._give_back(held, routed)
+            self._phase_cpu["stream_end"](cpu() - started)
+            if held is not None:
+                await self._give_back(held, routed)
 
     async def _give_back(self, held: Reservation, routed: bool) -> None:
         """Release the concurrency leases; a request that never reached a model is charged nothing

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import grpc
 
-from extproc.aio import cancel_and_wait
 from extproc.config.epp import GrpcTls
+from extproc.periodic import Periodic
 
 __all__ = ["CertificateReloader"]
 
@@ -30,9 +30,14 @@ class CertificateReloader:
         self._stamp = self._stat()
         self.current = self._load()  # an unreadable pair at start is an error: the service does not start
         self._pending: grpc.ServerCertificateConfiguration | None = None
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("tls-reload", self._round, config.reload_interval_s, log=log,
+                              what=f"TLS certificate {config.cert_file} / key {config.key_file}",
+                              expected=(OSError, ssl.SSLError))
         self.reloads_total = 0
-        self.failures_total = 0
+
+    @property
+    def failures_total(self) -> int:
+        return self._loop.failures.failures_total
 
     def _stat(self) -> _Stamp:
         stamps = []
@@ -57,31 +62,23 @@ class CertificateReloader:
         return pending
 
     def check(self) -> bool:
-        """Load the pair again if either file changed; True when new connections will get a new pair."""
-        try:
-            stamp = self._stat()
-            if stamp == self._stamp:
-                return False
-            loaded = self._load()
-        except (OSError, ssl.SSLError) as exc:
-            self.failures_total += 1
-            log.error("TLS certificate %s / key %s not reloaded (%s); keeping the previous pair",
-                      *self._paths, exc)
+        """Load the pair again if either file changed; True when new connections will get a new pair. Raises
+        OSError / ssl.SSLError for a pair that does not load (the previous one stays)."""
+        stamp = self._stat()
+        if stamp == self._stamp:
             return False
+        loaded = self._load()
         self._stamp = stamp
         self.current = self._pending = loaded
         self.reloads_total += 1
         log.info("TLS certificate reloaded from %s", self._paths[0])
         return True
 
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="tls-reload")
+    async def _round(self) -> None:
+        await asyncio.to_thread(self.check)  # file reads off the event loop
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._config.reload_interval_s)
-            await asyncio.to_thread(self.check)  # file reads off the event loop
+    async def start(self) -> None:
+        self._loop.start()
 
     async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-        self._task = None
+        await self._loop.stop()

@@ -28,7 +28,7 @@ from extproc.config import Policy
 from extproc.config.epp import DESTINATION_ENDPOINT, DESTINATION_ENDPOINT_SERVED, DESTINATION_ENDPOINT_SUBSET
 from extproc.config.schema import parse_endpoint
 
-__all__ = ["BODY_MODES", "Shape", "picker_bootstrap"]
+__all__ = ["BODY_MODES", "Shape", "picker_bootstrap", "picker_static"]
 
 Shape = Literal["istio", "ai-gateway"]
 _T = "type.googleapis.com/envoy."
@@ -168,3 +168,18 @@ def picker_bootstrap(policy: Policy, shape: Shape, picker: tuple[str, int], pool
     return {"node": {"id": f"inference-{shape}", "cluster": "inference"},
             "admin": {"address": _address("127.0.0.1", envoy.admin_port)},
             "static_resources": {"listeners": [listener], "clusters": clusters}}
+
+
+def picker_static(policy: Policy) -> dict[str, Any]:
+    """Endpoint-picker mode: an Envoy shaped like Istio's InferencePool support around this service
+    (extproc/xds/picker.py), the pool's endpoints from the policy."""
+    pool = policy.pools[0]
+    if not pool.endpoints:
+        raise ValueError(f"pool {pool.name!r} takes its endpoints from DNS or an InferencePool: in endpoint-picker "
+                         f"mode the gateway (Istio, kgateway, Envoy AI Gateway) renders Envoy's configuration")
+    service = policy.service
+    host, port = (parse_endpoint(policy.envoy.extproc_endpoints[0]) if policy.envoy.extproc_endpoints
+                  else (service.grpc_host if service.grpc_host != "0.0.0.0" else "127.0.0.1", service.grpc_port))
+    return picker_bootstrap(policy, "istio", (host, port), pool.endpoints, body_mode=policy.envoy.request_body_mode,
+                            picker_tls=service.tls is not None,
+                            upstream_host_header=policy.envoy.expose_upstream_host)

@@ -33,6 +33,7 @@ from extproc.xds.logs import (
     extproc_grpc_service,
     usage_filters,
 )
+from extproc.xds.picker import picker_static
 
 __all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "LISTENER", "ROUTE_CONFIG", "USAGE_NAMESPACE", "access_log", "dump",
            "extproc_cluster", "http_filters", "listener", "render_files", "render_static", "route_config",
@@ -262,6 +263,15 @@ def _pool_cluster(pool: PoolConfig, envoy: EnvoyConfig, eds: dict[str, Any] | No
     return cluster
 
 
+STREAMS_PER_CONNECTION = 4  # with several service workers (see extproc/server/workers.py)
+
+
+def extproc_http2_options(workers: int) -> dict[str, Any]:
+    """Several workers share the service's port, and one connection reaches one of them: a few streams per
+    connection make Envoy open more of them as load grows, which the kernel spreads over the workers."""
+    return {"max_concurrent_streams": STREAMS_PER_CONNECTION} if workers > 1 else {}
+
+
 def extproc_cluster(policy: Policy) -> dict[str, Any]:
     service = policy.service
     addresses = [parse_endpoint(a) for a in policy.envoy.extproc_endpoints] or [(service.grpc_host, service.grpc_port)]
@@ -272,7 +282,7 @@ def extproc_cluster(policy: Policy) -> dict[str, Any]:
         "connect_timeout": "0.25s",
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
+            "explicit_http_config": {"http2_protocol_options": extproc_http2_options(service.workers)},
         }},
         "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": _address(host, port)}} for host, port in addresses]}]},
@@ -316,23 +326,6 @@ def render_files(policy: Policy, directory: Path) -> dict[str, dict[str, Any]]:
             "overload.global_downstream_max_connections": 50000}}]},
     }
     return files
-
-
-def picker_static(policy: Policy) -> dict[str, Any]:
-    """Endpoint-picker mode: an Envoy shaped like Istio's InferencePool support around this service
-    (extproc/xds/picker.py), the pool's endpoints from the policy."""
-    from extproc.xds.picker import picker_bootstrap
-
-    pool = policy.pools[0]
-    if not pool.endpoints:
-        raise ValueError(f"pool {pool.name!r} takes its endpoints from DNS or an InferencePool: in endpoint-picker "
-                         f"mode the gateway (Istio, kgateway, Envoy AI Gateway) renders Envoy's configuration")
-    service = policy.service
-    host, port = (parse_endpoint(policy.envoy.extproc_endpoints[0]) if policy.envoy.extproc_endpoints
-                  else (service.grpc_host if service.grpc_host != "0.0.0.0" else "127.0.0.1", service.grpc_port))
-    return picker_bootstrap(policy, "istio", (host, port), pool.endpoints, body_mode=policy.envoy.request_body_mode,
-                            picker_tls=service.tls is not None,
-                            upstream_host_header=policy.envoy.expose_upstream_host)
 
 
 def render_static(policy: Policy) -> dict[str, Any]:

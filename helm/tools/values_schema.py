@@ -145,14 +145,14 @@ def chart_values() -> dict[str, Any]:
 def schema() -> dict[str, Any]:
     sys.path.insert(0, str(HERE.parents[1]))
     from extproc.config import Policy
-    from extproc.config import schema as policy_schema
+    from extproc.policy_types import NAME_PATTERN
 
     policy = Policy.model_json_schema()
     definitions = policy.pop("$defs")
     definitions["Policy"] = policy
     # What the model checks in validators rather than field types, where a schema can say it too.
     pool = definitions["PoolConfig"]
-    pool["properties"]["name"]["pattern"] = policy_schema._NAME.pattern
+    pool["properties"]["name"]["pattern"] = NAME_PATTERN.pattern
     sources = ("endpoints", "discovery", "inference_pool")
     pool["not"] = {"anyOf": [{"required": [a, b]} for i, a in enumerate(sources) for b in sources[i + 1:]]}
     return {

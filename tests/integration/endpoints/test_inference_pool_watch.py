@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from extproc.config.epp import InferencePoolSource
 from extproc.config.schema import PoolConfig
+from extproc.endpoints.config import InferencePoolSource
 from extproc.endpoints.inference_pool import InferencePoolDiscovery
+from extproc.endpoints.kube import KubernetesApi
 from tests.integration.endpoints.kube_server import KubeApiServer, inference_pool, pod
 
 pytestmark = pytest.mark.asyncio
@@ -73,7 +74,7 @@ async def test_ready_pods_on_every_target_port_become_the_pool_and_follow_watch_
     server.put("pods", pod("b", "10.1.0.2", LABELS, ready=False))  # not Ready: not an endpoint
     server.put("pods", pod("c", "10.1.0.3", {"app": "other"}))  # another pool's
     found = Found()
-    discovery = InferencePoolDiscovery(found)
+    discovery = InferencePoolDiscovery(found, KubernetesApi)
     discovery.configure([pool_config(server, token_file)])
     try:
         await until(lambda: found.last == ("10.1.0.1:8000", "10.1.0.1:8001"), "the first pod on both ports")
@@ -102,7 +103,7 @@ async def test_a_bookmark_advances_the_version_a_closed_watch_resumes_and_410_li
     server.put("inferencepools", inference_pool("llama", LABELS, [8000]))
     server.put("pods", pod("a", "10.1.0.1", LABELS))
     found = Found()
-    discovery = InferencePoolDiscovery(found)
+    discovery = InferencePoolDiscovery(found, KubernetesApi)
     discovery.configure([pool_config(server, token_file)])
     try:
         await until(lambda: found.last == ("10.1.0.1:8000",), "the first list")
@@ -149,7 +150,7 @@ async def test_failures_back_off_doubling_to_the_bound_and_keep_the_last_endpoin
         if len(delays) >= 6:
             await resume.wait()
 
-    discovery = InferencePoolDiscovery(found, sleep=sleep)
+    discovery = InferencePoolDiscovery(found, KubernetesApi, sleep=sleep)
     discovery.configure([pool_config(server, token_file)])
     try:
         await until(lambda: found.last == ("10.1.0.1:8000",), "the first list")
@@ -185,7 +186,7 @@ async def test_a_wrong_token_is_refused_and_retried_never_served_as_empty(server
     async def sleep(seconds: float) -> None:
         delays.append(seconds)
 
-    discovery = InferencePoolDiscovery(found, sleep=sleep)
+    discovery = InferencePoolDiscovery(found, KubernetesApi, sleep=sleep)
     discovery.configure([pool_config(server, token)])
     try:
         await until(lambda: len(delays) >= 2, "retries of the refused list")
