@@ -209,10 +209,12 @@ _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_man
 
 def istio_outbound_cluster(rendered: Mapping[str, Any]) -> dict[str, Any]:
     """What istiod generates for a Service port (`outbound|PORT||HOST`): its endpoints (EDS there, the rendered
-    cluster's STATIC ones here), LEAST_REQUEST, 10 s connect timeout, Istio's default circuit breakers; none of our
-    own outlier detection or load balancing policy (the mesh's TLS is left out: plaintext on 127.0.0.1)."""
+    cluster's STATIC ones or DNS name here), LEAST_REQUEST, 10 s connect timeout, Istio's default circuit
+    breakers; none of our own outlier detection or load balancing policy (the mesh's TLS is left out: plaintext on
+    127.0.0.1)."""
     return {
-        "name": rendered["name"], "type": "STATIC", "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST",
+        "name": rendered["name"], "type": "STRICT_DNS" if rendered.get("type") == "STRICT_DNS" else "STATIC",
+        "connect_timeout": "10s", "lb_policy": "LEAST_REQUEST",
         "circuit_breakers": {"thresholds": [{"max_connections": 4294967295, "max_pending_requests": 4294967295,
                                              "max_requests": 4294967295, "max_retries": 4294967295,
                                              "track_remaining": True}]},

@@ -24,7 +24,12 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "istio-gateway+fail-open+audit+dns": {"mode": "istio-gateway", "policy": {
         "envoy": {"failure_mode_allow": True, "fallback_pool": "chat"}, "audit": {"path": "/dev/stdout"},
         "pools": [{"name": "chat", "model": "m", "discovery": {"dns": "vllm.llm.svc.cluster.local", "port": 8000}},
-                  {"name": "code", "model": "c", "endpoints": ["10.0.0.9:8000"]}]}},
+                  {"name": "code", "model": "c", "endpoints": ["10.0.0.9:8000"]}]},
+        # The override_host policy MERGEd into Istio's own clusters of the pools' Services.
+        "istio": {"routing": {"poolServices": {"chat": "vllm.llm.svc.cluster.local:8000",
+                                               "code": "vllm-code.llm.svc.cluster.local:8000"}}}},
+    "istio-gateway+dedicated-pool-clusters": {"mode": "istio-gateway", "istio": {
+        "routing": {"poolClusters": "dedicated"}}},
     "istio-sidecar+dedicated+sse": {"mode": "istio-sidecar", "istio": {
         "extprocCluster": {"mode": "dedicated"}, "usageMetadata": {"sse": True}}},
 }
@@ -32,7 +37,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 
 def patched_bootstrap(objects: list[dict[str, Any]]) -> dict[str, Any]:
     policy = parse_policy(policy_text(objects))
-    routes = [{"name": "llm", "match": {"prefix": "/v1/"}, "route": {"cluster": policy.pools[0].name}}]
+    pool = policy.pools[0]
+    routes = [{"name": "llm", "match": {"prefix": "/v1/"}, "route": {"cluster": pool.cluster or pool.name}}]
     return istio_bootstrap(objects, render_static(policy), routes, local_extproc=False)
 
 
