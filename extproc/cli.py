@@ -46,6 +46,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def _supervise(args: argparse.Namespace) -> int:
+    from extproc.limits.config import TierLimits
     from extproc.server.app import endpoint_picker_policy
     from extproc.server.workers import Supervisor
 
@@ -57,6 +58,12 @@ async def _supervise(args: argparse.Namespace) -> int:
             log.error("%s cannot run as an endpoint picker: %s", args.config, exc)
             return 2
     service = policy.service
+    limited = policy.auth.mode == "api-key" or any(  # a keys file may give tenants limits of their own
+        tier.limits != TierLimits() or tier.model_limits != TierLimits() for tier in policy.tiers.values())
+    if policy.limits.store == "memory" and limited:
+        log.warning("limits.store memory with several workers: each worker keeps its own limits, and usage "
+                    "reported to another worker's access-log stream leaves the reserved estimate charged; use "
+                    "limits.store redis for exact limits")
     admin_port = args.admin_port if args.admin_port is not None else service.admin_port
     workers = args.workers or service.workers
     if workers != service.workers:

@@ -161,6 +161,17 @@ async def test_the_subset_hint_limits_the_pick_as_a_list_a_comma_string_or_bare_
         assert pick(written[0]) == ("10.0.0.2:8000", "10.0.0.2:8000"), subset
 
 
+async def test_the_subset_hint_limits_a_pool_larger_than_max_candidates() -> None:
+    # Over scheduling.max_candidates the pool is scheduled over a sample: the sample is drawn from the hint.
+    addresses = [f"10.0.1.{host}:8000" for host in range(1, 41)]
+    policy = EPP.replace('["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]', json.dumps(addresses))
+    policy += "scheduling:\n  max_candidates: 4\n"
+    for index in range(6):
+        subset = addresses[30 + index:32 + index]
+        written, _ = await run([headers(subset=subset), chunk(MODEL, True)], policy)
+        assert set(pick(written[0])[0].split(",")) == set(subset), subset
+
+
 async def test_a_subset_with_no_eligible_endpoint_gets_503_and_takes_nothing() -> None:
     for subset in ([], ["10.9.9.9:8000"], "10.0.0.1:9999"):
         written, registry = await run([headers(subset=subset), chunk(MODEL, True)])
