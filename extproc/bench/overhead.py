@@ -1,13 +1,13 @@
 """`extproc bench overhead`: latency our ext_proc filter adds, measured in one run.
 
-One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the
-rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
-(router only, same backend). The same requests go through both, in alternating rounds so machine
-noise falls on both alike; the difference is what our filter costs. With several `--store` values
-(e.g. memory,redis) each store gets its own service and Envoy, and the rounds alternate over all of
-them, so the stores are compared in one run. With `--body-modes` the service runs in endpoint-picker mode behind
-an Envoy shaped like Istio's InferencePool support (extproc/xds/picker.py), one service and Envoy per request body
-mode (buffered, streamed, full-duplex), and the streamed modes' cost over buffered is printed from the same run.
+One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the rendered
+gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener (router only, same
+backend). The same requests go through both, in alternating rounds so machine noise falls on both alike; the
+difference is what our filter costs. With several `--store` values (e.g. memory,redis) each store gets its own service
+and Envoy, and the rounds alternate over all of them, so the stores are compared in one run. With `--body-modes` the
+service runs in endpoint-picker mode behind an Envoy shaped like Istio's InferencePool support
+(extproc/xds/picker.py), one service and Envoy per request body mode (buffered, streamed, full-duplex), and the
+streamed modes' cost over buffered is printed from the same run.
 """
 
 from __future__ import annotations
@@ -208,14 +208,11 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
             modes and (len(stores) > 1 or len(workers) > 1)):
         return (f"--body-modes takes distinct values among {', '.join(BODY_MODES)} (with one --store and one "
                 f"--workers); got {args.body_modes!r}")
-    single = len(stores) == 1 and len(workers) == 1
-    variants: list[Variant]
-    if modes:  # endpoint-picker mode, one variant per request body mode
-        variants = [(f"with_extproc[{mode}]", stores[0], workers[0], mode) for mode in modes]
-    else:
-        variants = [(f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], "")
-                    for store in stores]
-        variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, "") for n in workers[1:]]
+    single = len(stores) == 1 and len(workers) == 1 and not modes
+    # Endpoint-picker mode: one variant per request body mode; else one per store, then per worker count.
+    variants = [(f"with_extproc[{mode}]", stores[0], workers[0], mode) for mode in modes] or [
+        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], "") for store in stores]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, "") for n in workers[1:]]
     if args.trivial == "on":
         variants.append(("trivial", "trivial", 1, ""))
     return variants
