@@ -1,11 +1,23 @@
-"""Helpers shared by tests."""
+"""Helpers shared by tests: waiting on facts (`eventually`, `holds_for`, the admin endpoints), a stepped `sleep`
+for background loops, and limits-store shorthands.
+
+Tests wait for what they need to be true (a counter, an endpoint state, a file), never for an amount of time:
+`eventually` polls a check until it holds and fails naming what was awaited. The one poll interval below is
+the only place a test lets time pass while waiting.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
+import aiohttp
+
+from extproc.bench.loadgen import Progress, RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import Stack, free_ports, start_service
 from extproc.limits.types import (
@@ -18,6 +30,185 @@ from extproc.limits.types import (
     TokenBudget,
 )
 from extproc.xds import find_envoy
+
+T = TypeVar("T")
+POLL_INTERVAL_S = 0.02
+
+
+async def _pause(interval_s: float) -> None:
+    # The poll interval of `eventually` and `holds_for`: a fact is checked again after it; nothing waits on it.
+    await asyncio.sleep(interval_s)
+
+
+async def _checked(check: Callable[[], T | Awaitable[T]]) -> T:
+    value = check()
+    if inspect.isawaitable(value):
+        return await value  # type: ignore[no-any-return]
+    return value
+
+
+async def eventually(check: Callable[[], T | Awaitable[T]], what: str, *, timeout_s: float = 5.0,
+                     interval_s: float = POLL_INTERVAL_S) -> T:
+    """Poll `check` (a plain or async function) until it returns a truthy value, and return that value.
+
+    An AssertionError raised by `check` counts as "not yet", so a check can assert with a useful message.
+    After `timeout_s` the test fails naming `what` was awaited and the last value or assertion seen.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        last: object
+        try:
+            value = await _checked(check)
+        except AssertionError as exc:
+            last = exc
+        else:
+            if value:
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}; last: {last!r}")
+        await _pause(interval_s)
+
+
+async def holds_for(check: Callable[[], object], what: str, duration_s: float, *,
+                    interval_s: float = POLL_INTERVAL_S) -> int:
+    """Check that `check` stays truthy for `duration_s`, polling; fails at the first falsy value or assertion.
+
+    Only for behaviour whose length in time is the point (an ejection period, a hold): returns the number
+    of checks made.
+    """
+    deadline = time.monotonic() + duration_s
+    checks = 0
+    while True:
+        value = await _checked(check)
+        checks += 1
+        assert value, f"{what} stopped holding at check {checks}: {value!r}"
+        if time.monotonic() >= deadline:
+            return checks
+        await _pause(interval_s)
+
+
+# -- the service's admin endpoints ----------------------------------------------------------------------------
+async def admin_json(http: aiohttp.ClientSession, admin_url: str, path: str) -> Any:
+    async with http.get(f"{admin_url}{path}") as response:
+        assert response.status == 200, f"GET {path}: HTTP {response.status}"
+        return await response.json()
+
+
+async def debug_pools(http: aiohttp.ClientSession, admin_url: str) -> dict[str, list[dict[str, Any]]]:
+    """/debug/pools: every pool's endpoints as the service sees them (in_flight, picked_total, breaker...)."""
+    pools: dict[str, list[dict[str, Any]]] = (await admin_json(http, admin_url, "/debug/pools"))["pools"]
+    return pools
+
+
+async def pool_endpoint(http: aiohttp.ClientSession, admin_url: str, pool: str, address: str) -> dict[str, Any]:
+    return next(e for e in (await debug_pools(http, admin_url))[pool] if e["address"] == address)
+
+
+async def debug_flow(http: aiohttp.ClientSession, admin_url: str, pool: str) -> dict[str, Any]:
+    """/debug/flow of one pool: queued per class, per-class counters, pending grants ({} before any use)."""
+    stats: dict[str, Any] = (await admin_json(http, admin_url, "/debug/flow"))["pools"].get(pool, {})
+    return stats
+
+
+async def metric_value(http: aiohttp.ClientSession, admin_url: str, name: str, labels: str = "") -> float:
+    """Sum of the samples of `name` whose label text contains `labels` (Prometheus text format)."""
+    async with http.get(f"{admin_url}/metrics") as response:
+        text = await response.text()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and (line[len(name)] in " {") and labels in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def wait_metric(http: aiohttp.ClientSession, admin_url: str, name: str, labels: str = "", *,
+                      above: float, timeout_s: float = 5.0) -> float:
+    """Wait until `metric_value(name, labels)` exceeds `above`; returns the value."""
+    async def grown() -> tuple[float]:
+        value = await metric_value(http, admin_url, name, labels)
+        assert value > above, f"{name}{{{labels}}} = {value:g}"
+        return (value,)  # truthy whatever the value
+
+    (value,) = await eventually(grown, f"{name}{{{labels}}} > {above:g}", timeout_s=timeout_s)
+    return value
+
+
+class LoadProgress:
+    """A `progress` callback for the load generator that keeps the latest report, so a test waits for "N
+    requests answered" rather than for the seconds they take. Pass `progress_interval_s` small (0.05)."""
+
+    def __init__(self) -> None:
+        self.latest: Progress | None = None
+
+    def __call__(self, report: Progress) -> None:
+        self.latest = report
+
+    @property
+    def done(self) -> int:
+        return 0 if self.latest is None else self.latest.done
+
+    async def answered(self, count: int, timeout_s: float = 10.0) -> None:
+        def enough() -> bool:
+            assert self.done >= count, f"{self.done} answered"
+            return True
+
+        await eventually(enough, f"{count} replies to the load generator", timeout_s=timeout_s)
+
+
+# -- injected sleeps for background loops (extproc.aio.Sleep) ----------------------------------------------------
+class SteppedSleep:
+    """An injected `sleep` that parks every caller until the test calls `step()`: a background loop under test
+    runs one round per step and no real time passes. `delays` records the durations the loop asked for."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self._parked: list[asyncio.Future[None]] = []
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        wake: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._parked.append(wake)
+        async with self._changed:
+            self._changed.notify_all()
+        try:
+            await wake
+        finally:
+            if wake in self._parked:  # cancelled while parked
+                self._parked.remove(wake)
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
+    async def wait_parked(self, count: int = 1, timeout_s: float = 5.0) -> None:
+        """Wait until `count` loops are parked in this sleep (each has finished the round it was on)."""
+        try:
+            async with asyncio.timeout(timeout_s), self._changed:
+                await self._changed.wait_for(lambda: len(self._parked) >= count)
+        except TimeoutError:
+            raise AssertionError(
+                f"{len(self._parked)} of {count} loops reached their sleep in {timeout_s:g} s") from None
+
+    async def step(self, timeout_s: float = 5.0) -> None:
+        """Wake every parked loop and wait until each is parked again: one full round each."""
+        await self.wait_parked(1, timeout_s)
+        woken, self._parked = self._parked, []
+        for wake in woken:
+            wake.set_result(None)
+        await self.wait_parked(len(woken), timeout_s)
+
+
+class InstantSleep:
+    """An injected `sleep` that returns at once and records the durations asked for."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
 
 
 def envoy_binary() -> str:
