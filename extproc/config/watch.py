@@ -18,7 +18,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep, cancel_and_wait
 from extproc.config.loader import ConfigError, ConfigProblem, load_policy
 from extproc.config.schema import Policy
 
@@ -46,16 +46,18 @@ class PolicyWatcher:
 
     `current` is the policy already in use (so a touched but unchanged file triggers nothing).
     Callbacks run on the event loop; they should only swap references (e.g. `SnapshotHolder.replace`).
+    `sleep` (between polls and while a file settles) is injectable: tests run the loop without real time.
     """
 
     def __init__(self, path: str | Path, on_change: Callable[[Policy], None],
                  on_error: Callable[[ConfigError], None], interval_s: float = 1.0, *,
-                 settle_s: float = 0.25, current: Policy | None = None) -> None:
+                 settle_s: float = 0.25, current: Policy | None = None, sleep: Sleep = asyncio.sleep) -> None:
         self.path = Path(path)
         self._on_change = on_change
         self._on_error = on_error
         self._interval_s = interval_s
         self._settle_s = settle_s
+        self._sleep = sleep
         self.current = current
         self._signature: Signature | None = None
         self._task: asyncio.Task[None] | None = None
@@ -73,7 +75,7 @@ class PolicyWatcher:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
+            await self._sleep(self._interval_s)
             try:
                 await self.check()
             except Exception:  # a failing callback must not end hot reload
@@ -93,7 +95,7 @@ class PolicyWatcher:
                 error = exc
             else:
                 return self._accept(policy)
-            await asyncio.sleep(self._settle_s)  # a writer may still be at it
+            await self._sleep(self._settle_s)  # a writer may still be at it
             signature = await asyncio.to_thread(file_signature, self.path)
             if signature == self._signature:
                 break

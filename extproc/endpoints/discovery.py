@@ -14,6 +14,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterable
 
+from extproc.aio import Sleep
 from extproc.config.schema import DnsDiscovery, PoolConfig
 
 log = logging.getLogger(__name__)
@@ -35,12 +36,14 @@ def format_endpoint(ip: str, port: int) -> str:
 
 
 class DnsDiscoverer:
-    """One task per discovering pool; `on_change(pool, addresses)` is called with every new set."""
+    """One task per discovering pool; `on_change(pool, addresses)` is called with every new set.
+    `resolver` and the `sleep` between lookups are injectable (tests use neither DNS nor real time)."""
 
     def __init__(self, on_change: Callable[[str, tuple[str, ...]], None],
-                 resolver: Resolver = getaddrinfo_resolver) -> None:
+                 resolver: Resolver = getaddrinfo_resolver, *, sleep: Sleep = asyncio.sleep) -> None:
         self._on_change = on_change
         self._resolver = resolver
+        self._sleep = sleep
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._configs: dict[str, DnsDiscovery] = {}
         self.addresses: dict[str, tuple[str, ...]] = {}
@@ -80,7 +83,7 @@ class DnsDiscoverer:
     async def _loop(self, name: str, discovery: DnsDiscovery) -> None:
         while True:
             await self.resolve_once(name, discovery)
-            await asyncio.sleep(discovery.interval_s)
+            await self._sleep(discovery.interval_s)
 
     async def stop(self) -> None:
         tasks = list(self._tasks.values())

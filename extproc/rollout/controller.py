@@ -17,7 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep, cancel_and_wait
 from extproc.rollout.analysis import OutcomeWindows, PoolWindow, Verdict, analyse
 from extproc.rollout.config import SplitConfig
 from extproc.rollout.split import split_weights
@@ -40,13 +40,15 @@ class Rollouts:
     def __init__(self, store: RolloutStore, splits: Iterable[SplitConfig] = (), *,
                  clock: Callable[[], float] = time.time, refresh_interval_s: float = 1.0,
                  on_weights: WeightsListener | None = None,
-                 on_transition: Callable[[RolloutState], None] | None = None) -> None:
+                 on_transition: Callable[[RolloutState], None] | None = None,
+                 sleep: Sleep = asyncio.sleep) -> None:
         """`clock`: wall-clock seconds (shared by replicas). `on_weights` is awaited with every model's
         weights whenever any of them changes (e.g. to rewrite Envoy's fallback route); `on_transition`
-        is called with every state this replica saved (metrics, logs)."""
+        is called with every state this replica saved (metrics, logs). `sleep` waits between refreshes."""
         self._store = store
         self._clock = clock
         self._refresh_interval_s = refresh_interval_s
+        self._sleep = sleep
         self._on_weights = on_weights
         self._on_transition = on_transition
         self._splits: dict[str, SplitConfig] = {}
@@ -119,7 +121,7 @@ class Rollouts:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self._refresh_interval_s)
+            await self._sleep(self._refresh_interval_s)
             await self._guarded(self.tick)
 
     async def _guarded(self, work: Callable[[], Awaitable[Any]]) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep, cancel_and_wait
 from extproc.config import ConfigError, Policy
 from extproc.config.watch import Signature, file_signature
 from extproc.gateway.auth import Authenticator
@@ -28,10 +28,13 @@ def _resolve(name: str, base: Path | None) -> Path:
 
 
 class KeysWatcher:
-    """Reloads the keys file when it changes; a bad file is logged and the old ring stays."""
+    """Reloads the keys file when it changes; a bad file is logged and the old ring stays. `sleep` between
+    polls is injectable (tests run the loop a round at a time)."""
 
-    def __init__(self, policy: Policy, policy_path: Path | None, authenticator: Authenticator) -> None:
+    def __init__(self, policy: Policy, policy_path: Path | None, authenticator: Authenticator, *,
+                 sleep: Sleep = asyncio.sleep) -> None:
         self._policy = policy
+        self._sleep = sleep
         self._path = _resolve(policy.auth.keys_file, policy_path) if policy.auth.keys_file else None
         self._authenticator = authenticator
         self._task: asyncio.Task[None] | None = None
@@ -55,7 +58,7 @@ class KeysWatcher:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self._policy.auth.reload_interval_s)
+            await self._sleep(self._policy.auth.reload_interval_s)
             signature = await asyncio.to_thread(self._stat)
             if signature is None or signature == self._signature:
                 continue
