@@ -12,14 +12,17 @@ import asyncio
 import inspect
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
+import yaml
 
 from extproc.bench.loadgen import Progress, RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import Stack, free_ports, start_service
+from extproc.bench.procs import Child, ProcessGroup, wait_http_ok
+from extproc.bench.stack import PYTHON, SimPool, Stack, free_ports, prepare, start_envoy, start_sim
+from extproc.config import parse_policy
 from extproc.limits.types import (
     AdmitRequest,
     AdmitResult,
@@ -29,15 +32,16 @@ from extproc.limits.types import (
     Reservation,
     TokenBudget,
 )
-from extproc.xds import find_envoy
+from extproc.xds import find_envoy, write_config
+
+FAST = ("--profile", "fast")  # the simulator's quick profile: tests need its behaviour, not a GPU's timing
 
 T = TypeVar("T")
 POLL_INTERVAL_S = 0.02
 
 
 async def _pause(interval_s: float) -> None:
-    # The poll interval of `eventually` and `holds_for`: a fact is checked again after it; nothing waits on it.
-    await asyncio.sleep(interval_s)
+    await asyncio.sleep(interval_s)  # the poll interval of eventually/holds_for: a fact is checked after it
 
 
 async def _checked(check: Callable[[], T | Awaitable[T]]) -> T:
@@ -230,9 +234,54 @@ def state(result: AdmitResult, name: str) -> LimitState:
     return next(s for s in result.states if s.name == name)
 
 
+# -- stacks of real processes (simulator, service, Envoy) -------------------------------------------------------
+async def start_service_with(group: ProcessGroup, stack: Stack, index: int = 0, grace_s: float | None = None,
+                             drain_delay_s: float | None = 0.0) -> Child:
+    """Like `extproc.bench.stack.start_service`, plus explicit `--grace` / `--drain-delay`.
+
+    The drain delay defaults to 0 (not the product's 3 s): SIGTERM is a test's teardown, which need not wait;
+    a test of draining passes its own."""
+    grpc_port, admin_port = stack.service_ports[index]
+    name = "service" if index == 0 else f"service-{index}"
+    argv = [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path),
+            "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)]
+    if grace_s is not None:
+        argv += ["--grace", str(grace_s)]
+    if drain_delay_s is not None:
+        argv += ["--drain-delay", str(drain_delay_s)]
+    child = await group.start(name, argv)
+    await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=child)
+    return child
+
+
+async def launch_stack(
+    group: ProcessGroup, workdir: Path, pools: Sequence[SimPool], *,
+    envoy: Mapping[str, Any] | None = None, extra_policy: Mapping[str, Any] | None = None,
+    patch: Callable[[dict[str, Any]], None] | None = None, service_replicas: int = 1,
+    grace_s: float | None = None, drain_delay_s: float = 0.0, sim_args: Sequence[str] = FAST,
+) -> Stack:
+    """`extproc.bench.stack.launch` for tests: a hook to edit the policy document (e.g. per-pool keys such as
+    `backup_pool`, which `SimPool` cannot express), the drain settings of the service replicas (no drain delay
+    unless asked: see `start_service_with`), and the simulator's fast profile by default."""
+    stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy, service_replicas=service_replicas)
+    if patch is not None:
+        document = yaml.safe_load(stack.policy_path.read_text())
+        patch(document)
+        stack.policy_path.write_text(yaml.safe_dump(document, sort_keys=False))
+        stack.policy = parse_policy(stack.policy_path.read_text(), str(stack.policy_path))
+        write_config(stack.policy, stack.envoy_dir)
+    stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
+    for index in range(service_replicas):
+        child = await start_service_with(group, stack, index, grace_s, drain_delay_s)
+        stack.children[child.name] = child
+    stack.children["envoy"] = await start_envoy(group, stack)
+    return stack
+
+
 async def kill_and_restart(group: ProcessGroup, stack: Stack) -> list[Sample]:
-    """30 req/s for 6 s to pool `main` (served name org/main) while our service is SIGKILLed at 1.5 s and
-    started again at 3.5 s. Every request also tries to steer itself to pool `spare` by our routing headers."""
+    """30 req/s for 6 s to pool `main` (served name org/main); our service is SIGKILLed once 45 requests have
+    been answered (~1.5 s) and started again once 60 more have been answered without it (~2 s). Every request
+    also tries to steer itself to pool `spare` by our routing headers."""
     spare_endpoint = f"127.0.0.1:{stack.sim_ports['spare'][0]}"
 
     def spec(index: int) -> RequestSpec:
@@ -242,13 +291,17 @@ async def kill_and_restart(group: ProcessGroup, stack: Stack) -> list[Sample]:
                    ("x-gateway-destination-endpoint", spare_endpoint))
         return RequestSpec("POST", "/v1/chat/completions", headers, json.dumps(body).encode())
 
+    progress = LoadProgress()
     load = asyncio.create_task(run_open_loop("127.0.0.1", stack.envoy_port, spec, rate=30, duration_s=6,
-                                             arrival="fixed", timeout_s=10))
-    await asyncio.sleep(1.5)
+                                             arrival="fixed", timeout_s=10, progress=progress,
+                                             progress_interval_s=0.05))
+    await progress.answered(45)
     stack.children["service"].send_signal(9)  # SIGKILL: no drain, like a crash
-    await asyncio.sleep(2.0)
-    stack.children["service"] = await start_service(group, stack)
+    await progress.answered(progress.done + 60)
+    stack.children["service"] = await start_service_with(group, stack)
     return await load
 
 
-__all__ = ["envoy_binary", "free_ports", "held", "kill_and_restart", "req", "state"]
+__all__ = ["FAST", "LoadProgress", "SteppedSleep", "admin_json", "debug_flow", "debug_pools", "envoy_binary",
+           "eventually", "free_ports", "held", "holds_for", "kill_and_restart", "launch_stack", "metric_value",
+           "pool_endpoint", "req", "start_service_with", "state", "wait_metric"]

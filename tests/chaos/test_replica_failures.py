@@ -14,7 +14,8 @@ import pytest_asyncio
 
 from extproc.bench.loadgen import RequestSpec, run_open_loop
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, Stack, launch
+from extproc.bench.stack import SimPool, Stack
+from tests.support import launch_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -25,7 +26,7 @@ POOL = SimPool("chat", "org/chat", 4, aliases=("chat",))
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     workdir: Path = tmp_path_factory.mktemp("chaos")
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch(group, workdir, [POOL], sim_args=["--profile", "fast"])
+        yield await launch_stack(group, workdir, [POOL], sim_args=["--profile", "fast"])
 
 
 def spec(index: int) -> RequestSpec:
