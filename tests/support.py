@@ -204,16 +204,6 @@ class SteppedSleep:
         await self.wait_parked(len(woken), timeout_s)
 
 
-class InstantSleep:
-    """An injected `sleep` that returns at once and records the durations asked for."""
-
-    def __init__(self) -> None:
-        self.delays: list[float] = []
-
-    async def __call__(self, delay: float) -> None:
-        self.delays.append(delay)
-
-
 
 def envoy_binary() -> str:
     return find_envoy()

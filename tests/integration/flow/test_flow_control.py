@@ -20,7 +20,7 @@ import pytest_asyncio
 
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack
-from tests.support import eventually, launch_stack
+from tests.support import debug_flow, debug_pools, eventually, launch_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -78,15 +78,11 @@ async def post(http: aiohttp.ClientSession, stack: Stack, payload: dict[str, Any
 
 
 async def flow_stats(http: aiohttp.ClientSession, stack: Stack, pool: str = "chat") -> dict[str, Any]:
-    async with http.get(f"{stack.admin_url}/debug/flow") as response:
-        stats: dict[str, Any] = (await response.json())["pools"].get(pool, {})
-        return stats
+    return await debug_flow(http, stack.admin_url, pool)
 
 
 async def pool_view(http: aiohttp.ClientSession, stack: Stack, pool: str) -> dict[str, Any]:
-    async with http.get(f"{stack.admin_url}/debug/pools") as response:
-        endpoint: dict[str, Any] = (await response.json())["pools"][pool][0]
-        return endpoint
+    return (await debug_pools(http, stack.admin_url))[pool][0]  # each pool here has one endpoint
 
 
 async def queued(http: aiohttp.ClientSession, stack: Stack, klass: str, pool: str = "chat") -> int:
