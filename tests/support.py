@@ -13,6 +13,7 @@ import inspect
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -268,7 +269,16 @@ async def launch_stack(
     return stack
 
 
-async def kill_and_restart(group: ProcessGroup, stack: Stack) -> list[Sample]:
+@dataclass
+class Outage:
+    """What `kill_and_restart` saw, on the load generator's timeline (seconds from its start)."""
+
+    samples: list[Sample]
+    killed_s: float  # SIGKILL sent
+    back_s: float  # the restarted service answered /readyz
+
+
+async def kill_and_restart(group: ProcessGroup, stack: Stack) -> Outage:
     """30 req/s for 6 s to pool `main` (served name org/main); our service is SIGKILLed once 45 requests have
     been answered (~1.5 s) and started again once 60 more have been answered without it (~2 s). Every request
     also tries to steer itself to pool `spare` by our routing headers."""
@@ -282,16 +292,19 @@ async def kill_and_restart(group: ProcessGroup, stack: Stack) -> list[Sample]:
         return RequestSpec("POST", "/v1/chat/completions", headers, json.dumps(body).encode())
 
     progress = LoadProgress()
+    started = time.monotonic()
     load = asyncio.create_task(run_open_loop("127.0.0.1", stack.envoy_port, spec, rate=30, duration_s=6,
                                              arrival="fixed", timeout_s=10, progress=progress,
                                              progress_interval_s=0.05))
     await progress.answered(45)
     stack.children["service"].send_signal(9)  # SIGKILL: no drain, like a crash
+    killed_s = time.monotonic() - started
     await progress.answered(progress.done + 60)
     stack.children["service"] = await start_service_with(group, stack)
-    return await load
+    back_s = time.monotonic() - started
+    return Outage(await load, killed_s, back_s)
 
 
-__all__ = ["FAST", "LoadProgress", "SteppedSleep", "admin_json", "debug_flow", "debug_pools", "envoy_binary",
-           "eventually", "free_ports", "held", "holds_for", "kill_and_restart", "launch_stack", "metric_value",
-           "pool_endpoint", "req", "start_service_with", "state", "wait_metric"]
+__all__ = ["FAST", "LoadProgress", "Outage", "SteppedSleep", "admin_json", "debug_flow", "debug_pools",
+           "envoy_binary", "eventually", "free_ports", "held", "holds_for", "kill_and_restart", "launch_stack",
+           "metric_value", "pool_endpoint", "req", "start_service_with", "state", "wait_metric"]

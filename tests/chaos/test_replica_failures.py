@@ -81,7 +81,7 @@ async def test_killed_replica_costs_no_client_error_and_comes_back(stack: Stack)
     errors = [s for s in samples if s.error is not None]
     assert len(samples) == 280
     assert errors == [], errors[:3]
-    assert revived_at - killed_at > 2
+    assert revived_at - killed_at > 2  # the outage really lasted (the scenario, not a speed claim)
 
 
 async def test_streams_on_a_crashing_replica_end_cleanly_and_new_ones_succeed(stack: Stack) -> None:
