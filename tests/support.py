@@ -1,5 +1,5 @@
-"""Helpers shared by tests: waiting on facts (`eventually`, `holds_for`, the admin endpoints), a stepped `sleep`
-for background loops, and limits-store shorthands.
+"""Helpers shared by tests: waiting on facts (`eventually`, `holds_for`, the admin endpoints, load-generator
+replies), a stepped `sleep` for background loops, stacks of real processes, and limits-store shorthands.
 
 Tests wait for what they need to be true (a counter, an endpoint state, a file), never for an amount of time:
 `eventually` polls a check until it holds and fails naming what was awaited. The one poll interval below is
@@ -205,7 +205,7 @@ class SteppedSleep:
         await self.wait_parked(len(woken), timeout_s)
 
 
-
+# -- limits-store shorthands and the Envoy binary ---------------------------------------------------------------
 def envoy_binary() -> str:
     return find_envoy()
 
