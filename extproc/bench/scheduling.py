@@ -66,7 +66,7 @@ def _decide(phase: BodyPhase) -> Decision:
 
 
 def run_case(endpoints: int, iterations: int, profile: str, prompt_chars: int) -> dict[str, Any]:
-    addresses = [f"10.0.0.{i + 1}:8000" for i in range(endpoints)]
+    addresses = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(endpoints)]
     gateway, runtimes = _gateway({"pools": [{"name": "p", "model": "m", "profile": profile, "endpoints": addresses}]})
     runtime = runtimes.current
     pool = runtime.pools["p"]
@@ -102,7 +102,7 @@ def run_case(endpoints: int, iterations: int, profile: str, prompt_chars: int) -
 
 def run_hostile(endpoints: int, iterations: int = 20, messages: int = 100_000) -> dict[str, Any]:
     """CPU time of the body phase for a body of `messages` tiny messages (the gateway's own bounds apply)."""
-    addresses = [f"10.0.0.{i + 1}:8000" for i in range(endpoints)]
+    addresses = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(endpoints)]
     gateway, _ = _gateway({"pools": [{"name": "p", "model": "m", "endpoints": addresses}]})
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}] * messages}).encode()
     head = RequestHead("POST", "/v1/chat/completions", {})

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from extproc.config.schema import SaturationConfig
+from extproc.endpoints.config import SaturationConfig
 from extproc.endpoints.metrics import EndpointMetrics
 
 __all__ = ["BUDGET_BOUND", "KV_BOUND", "MIN_QUEUED_SCRAPES", "EngineState", "learn"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from extproc.config.schema import HealthPolicy
+from extproc.endpoints.config import HealthPolicy
 from extproc.endpoints.registry import Endpoint
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 
-from extproc.config.schema import SaturationConfig
+from extproc.endpoints.config import SaturationConfig
 from extproc.endpoints.engine import MIN_QUEUED_SCRAPES
 from extproc.endpoints.metrics import EndpointMetrics
 from extproc.endpoints.registry import Endpoint

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from extproc.config.schema import SaturationConfig
+from extproc.endpoints.config import SaturationConfig
 from extproc.endpoints.engine import EngineState, learn
 from extproc.endpoints.metrics import EndpointMetrics
 

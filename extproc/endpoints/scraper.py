@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import TracebackType
 
 from extproc.aio import Sleep
-from extproc.config.schema import SaturationConfig, ScrapeConfig
+from extproc.endpoints.config import SaturationConfig, ScrapeConfig
 from extproc.endpoints.metrics_transport import (
     HttpMetricsTransport,
     MetricsTransport,
@@ -24,6 +24,7 @@ from extproc.endpoints.metrics_transport import (
 )
 from extproc.endpoints.registry import Endpoint, EndpointRegistry
 from extproc.endpoints.vllm_metrics import parse_vllm_metrics
+from extproc.periodic import FailureLog, Periodic
 
 __all__ = ["MetricsScraper", "is_fresh"]
 
@@ -47,9 +48,9 @@ def _failure_state(exc: BaseException, timeout_ms: int) -> str:
 class MetricsScraper:
     """Scrapes `/metrics` of every endpoint in `registry` once per `config.interval_ms`.
 
-    `scrapes_total` counts finished scrape attempts and `failures_total` the failed ones among them.
-    `transport` makes the page fetcher at start (HTTP by default); `clock` stamps the metrics and `sleep`
-    waits between rounds (both injectable, so tests need neither sockets nor real time).
+    `scrapes_total` counts finished scrape attempts and `failures_total` the failed ones among them. Rounds
+    run at a fixed rate (a `Periodic`); `transport` makes the page fetcher at start (HTTP by default), `clock`
+    stamps the metrics and `sleep` waits between rounds (all injectable: tests need neither sockets nor real time).
     """
 
     def __init__(
@@ -59,8 +60,8 @@ class MetricsScraper:
         *,
         clock: Callable[[], float] = time.monotonic,
         transport: TransportFactory = HttpMetricsTransport,
-        sleep: Sleep = asyncio.sleep,
         saturation: Callable[[], SaturationConfig] = SaturationConfig,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
         """`saturation`: the current policy's rules, which each scrape is learned by."""
         self._registry = registry
@@ -69,39 +70,37 @@ class MetricsScraper:
         self._saturation = saturation
         self.on_scrape: Callable[[], None] | None = None  # called after every successful scrape
         self._transport_factory = transport
-        self._sleep = sleep
         self._timeout_s = config.timeout_ms / 1000.0
         self._transport: MetricsTransport | None = None
-        self._round_task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("vllm-metrics-scraper", self._start_round, config.interval_ms / 1000.0, log=log,
+                                what="metrics scrape round", immediate=True, fixed_rate=True, sleep=sleep)
         self._scrapes: dict[Endpoint, asyncio.Task[None]] = {}  # Endpoint hashes by identity
-        self._failing: dict[Endpoint, str] = {}  # endpoint -> failure state last logged
-        self._round_error_logged = False
+        self._failing: dict[Endpoint, FailureLog] = {}  # endpoints whose last scrape failed
         self.scrapes_total = 0
         self.failures_total = 0
 
     @property
     def running(self) -> bool:
-        return self._round_task is not None
+        return self._rounds.running
 
     async def start(self) -> None:
         """Start scraping (the first round at once); no-op when disabled or already running."""
-        if not self._config.enabled or self._round_task is not None:
+        if not self._config.enabled or self._rounds.running:
             return
         self._transport = self._transport_factory()
-        self._round_task = asyncio.create_task(self._rounds(), name="vllm-metrics-scraper")
+        self._rounds.start()
 
     async def stop(self) -> None:
         """Cancel the rounds and every scrape in flight, then close the transport."""
-        round_task, self._round_task = self._round_task, None
-        if round_task is None:
+        if not self._rounds.running:
             return
-        round_task.cancel()
+        await self._rounds.stop()
         scrapes = list(self._scrapes.values())
         self._scrapes.clear()
         self._failing.clear()
         for task in scrapes:
             task.cancel()
-        await asyncio.gather(round_task, *scrapes, return_exceptions=True)
+        await asyncio.gather(*scrapes, return_exceptions=True)
         transport, self._transport = self._transport, None
         if transport is not None:
             await transport.close()
@@ -118,25 +117,7 @@ class MetricsScraper:
     ) -> None:
         await self.stop()
 
-    async def _rounds(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self._config.interval_ms / 1000.0
-        due = loop.time()
-        while True:
-            try:
-                self._start_round()
-                self._round_error_logged = False
-            except Exception:  # a bug here must not end scraping for good; log it once, not every round
-                if not self._round_error_logged:
-                    self._round_error_logged = True
-                    log.exception("metrics scrape round failed")
-            due += interval
-            now = loop.time()
-            if due < now:  # the loop was blocked for more than a round: skip the missed ones, no burst
-                due = now
-            await self._sleep(due - now)
-
-    def _start_round(self) -> None:
+    async def _start_round(self) -> None:
         endpoints = self._registry.endpoints()
         current = set(endpoints)
         for gone in [ep for ep in self._scrapes if ep not in current]:
@@ -161,17 +142,15 @@ class MetricsScraper:
             self.scrapes_total += 1
             self.failures_total += 1
             endpoint.scrape_failed()
-            state = _failure_state(exc, self._config.timeout_ms)
-            if self._failing.get(endpoint) != state:
-                self._failing[endpoint] = state
-                log.warning("metrics scrape of %s failing: %s", endpoint.address, state)
+            failures = self._failing.setdefault(endpoint, FailureLog(f"metrics scrape of {endpoint.address}", log))
+            failures.failed(_failure_state(exc, self._config.timeout_ms))
             return
         self.scrapes_total += 1
         endpoint.scraped(metrics, in_flight, self._saturation())
         if self.on_scrape is not None:
             self.on_scrape()
-        if self._failing.pop(endpoint, None) is not None:
-            log.info("metrics scrape of %s recovered", endpoint.address)
+        if endpoint in self._failing:
+            self._failing.pop(endpoint).recovered()
 
     async def _fetch(self, address: str) -> str:
         transport = self._transport

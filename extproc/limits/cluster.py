@@ -21,7 +21,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from extproc.limits.resp import Address, Arg, Posted, Redirected, RespClient, Script
+from extproc.limits.redis_address import Address, RedisTls
+from extproc.limits.resp import Arg, Posted, Redirected, RespClient, Script
 from extproc.limits.types import StoreUnavailable
 
 __all__ = ["ClusterClient", "RedisClient", "hash_tag", "key_slot", "redis_client"]
@@ -165,9 +166,10 @@ class ClusterClient:
 
 def redis_client(url: str, *, cluster: bool, timeout_s: float, scripts: Sequence[Script] = (),
                  on_posted_failure: Callable[[str, str], None] | None = None,
-                 **tls: str | None) -> RespClient | ClusterClient:
-    """The client of a Redis (`cluster`: of a Redis Cluster, `url` naming any of its nodes)."""
-    address = Address.from_url(url, **tls)
+                 tls: RedisTls | None = None) -> RespClient | ClusterClient:
+    """The client of a Redis (`cluster`: of a Redis Cluster, `url` naming any of its nodes); `tls` configures a
+    rediss:// URL. Every Redis connection of the service is made here."""
+    address = Address.from_url(url, tls)
     if cluster:
         return ClusterClient(address, timeout_s=timeout_s, scripts=scripts, on_posted_failure=on_posted_failure)
     return RespClient(address, timeout_s=timeout_s, scripts=scripts, on_posted_failure=on_posted_failure)

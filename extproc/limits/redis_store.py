@@ -32,6 +32,7 @@ from functools import partial
 from extproc.limits import _lua
 from extproc.limits._rules import EPSILON, Observed, bucket_ttl_s, decide, window_index, window_ttl_s
 from extproc.limits.cluster import hash_tag, redis_client
+from extproc.limits.redis_address import RedisTls
 from extproc.limits.resp import Arg, Script
 from extproc.limits.slices import KEEP, Slices
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, StoreUnavailable
@@ -59,10 +60,9 @@ class RedisStore:
     SCRIPTS = (ADMIT, SETTLE, CANCEL)
 
     def __init__(self, url: str, *, timeout_ms: float = 50.0, admit_timeout_ms: float | None = None,
-                 prefix: str = "lim:", ssl_ca_certs: str | None = None, ssl_certfile: str | None = None,
-                 ssl_keyfile: str | None = None, require_hash_tag: bool = False,
+                 prefix: str = "lim:", tls: RedisTls | None = None, require_hash_tag: bool = False,
                  slices: Slices | None = None, cluster: bool = False) -> None:
-        """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS. `timeout_ms` bounds each
+        """`url`: redis://[user:password@]host:port[/db] or rediss:// for TLS (`tls`). `timeout_ms` bounds each
         awaited call (waiting for a connect included); `admit_timeout_ms` (default the same) bounds
         admissions: give it the failover's decision deadline (and the failover none of its own), so
         that a reply read in the loop iteration where the deadline passes still counts. `slices`: admit
@@ -75,8 +75,7 @@ class RedisStore:
         self._prefix = prefix
         self._require_hash_tag = require_hash_tag or cluster
         self._client = redis_client(url, cluster=cluster, timeout_s=self._timeout_s, scripts=self.SCRIPTS,
-                                    on_posted_failure=self._posted_failed, ssl_ca_certs=ssl_ca_certs,
-                                    ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+                                    on_posted_failure=self._posted_failed, tls=tls)
         self._cancelling: dict[AdmitRequest, asyncio.Task[None]] = {}
         self.cancel_failures_total = 0  # abandoned admissions that could not be undone
         self.posted_failures: dict[str, int] = {}  # posted calls (release, settle, record) that failed, by op

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from extproc.config import ConfigError, Policy
@@ -11,21 +10,11 @@ from extproc.endpoints.discovery import DnsDiscoverer
 from extproc.gateway import Runtime, RuntimeHolder
 from extproc.rollout.controller import Rollouts
 from extproc.rollout.envoy_sync import FallbackRouteWriter
-from extproc.rollout.redis_store import RedisRolloutStore
-from extproc.rollout.state import MemoryRolloutStore, RolloutStore
-from extproc.server.stores import REDIS_URL_ENV
+from extproc.server.stores import build_rollout_store
 from extproc.telemetry import GatewayMetrics
 from extproc.xds.render import route_config
 
 log = logging.getLogger(__name__)
-
-
-def rollout_store(policy: Policy) -> RolloutStore:
-    """Rollout state goes where the limits go: Redis makes every replica apply the same weights."""
-    url = os.environ.get(REDIS_URL_ENV) or policy.limits.redis_url
-    if policy.limits.store == "redis" and url:
-        return RedisRolloutStore(url)
-    return MemoryRolloutStore()
 
 
 def fallback_writer(policy: Policy, base: Path | None) -> FallbackRouteWriter | None:
@@ -46,7 +35,7 @@ def build_rollouts(policy: Policy, policy_path: Path | None) -> tuple[Rollouts, 
     def transition(state: object) -> None:
         log.info("rollout transition: %s", state)
 
-    rollouts = Rollouts(rollout_store(policy), policy.rollout.splits,
+    rollouts = Rollouts(build_rollout_store(policy), policy.rollout.splits,
                         refresh_interval_s=policy.rollout.refresh_interval_s, on_weights=writer,
                         on_transition=transition)
     return rollouts, writer
@@ -68,8 +57,11 @@ class Reloader:
 
     def apply(self, policy: Policy) -> None:
         current = self._runtimes.current.policy
-        if policy.service != current.service or policy.limits.store != current.limits.store:
-            log.warning("service ports and the limits store are not reloaded live; restart to change them")
+        redis = ("store", "redis_url", "redis_tls", "redis_cluster")
+        if policy.service != current.service or any(
+                getattr(policy.limits, name) != getattr(current.limits, name) for name in redis):
+            log.warning("service ports and the limits store (Redis URL, TLS, cluster) are not reloaded live; "
+                        "restart to change them")
         runtime = self._runtimes.replace(policy)
         self._metrics.config_loads.labels("ok").inc()
         self._metrics.config_version.set(runtime.version)

@@ -11,6 +11,7 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+from prometheus_client import CollectorRegistry
 
 from extproc.flow import Rejected
 from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Route, Wait, error_response
@@ -39,8 +40,8 @@ class StreamProcessor:
         self.exchange: Exchange | None = None
         self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Wait | None:
-        phase = message.WhichOneof("request")
+    def handle(self, message: ext_pb.ProcessingRequest, phase: str | None) -> ext_pb.ProcessingResponse | Wait | None:
+        """Answer one message (`phase`: its WhichOneof("request"))."""
         if phase == "request_headers":
             exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers))
             self.exchange = exchange
@@ -95,16 +96,19 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._gateway = gateway
         self._store = store
         self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
-        self._metrics = metrics
+        self._metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
+        self._phase_cpu = {phase: counter.inc for phase, counter in self._metrics.phase_cpu.items()}
+        self._streams = self._metrics.streams.inc
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         if self._token is not None and not authorized(context, self._token):
-            if self._metrics is not None:
-                self._metrics.refused_streams.labels("ext_proc").inc()
+            self._metrics.refused_streams.labels("ext_proc").inc()
             await refuse(context)
             return
+        self._streams()
+        cpu = time.thread_time  # CPU of the loop's thread per phase: our own work, not the awaits in between
         # read()/write() on the context instead of an async generator: one less layer per message.
         stream = StreamProcessor(self._gateway)
         try:
@@ -112,32 +116,43 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                 message = await context.read()
                 if message is EOF:
                     return
+                phase = message.WhichOneof("request")
+                started = cpu()
+                used = 0.0
                 try:
-                    response = stream.handle(message)
+                    response = stream.handle(message, phase)
                     while not isinstance(response, ext_pb.ProcessingResponse | None):
+                        used += cpu() - started
                         if isinstance(response, AdmitRequest):
                             # One store round trip, bounded by its deadline.
-                            response = stream.resume(await self._store.admit(response))
+                            answer: AdmitResult | Rejected | None = await self._store.admit(response)
                         else:
                             # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
                             await context.write(protocol.extend_message_timeout(response.deadline - time.monotonic()))
-                            response = stream.resume(await response.wait())
+                            answer = await response.wait()
+                        started = cpu()
+                        response = stream.resume(answer)
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
-                    if stream.exchange is not None and message.WhichOneof("request") in _DECISION_PHASES:
+                    if stream.exchange is not None and phase in _DECISION_PHASES:
                         self._gateway.failed(stream.exchange)  # its decision never reached Envoy: no charge
                     response = protocol.immediate_response(_INTERNAL_ERROR)
+                if phase in self._phase_cpu:
+                    self._phase_cpu[phase](used + cpu() - started)
                 if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
+            started = cpu()
             if stream.body is not None:
                 stream.body.close()  # the client left while the decision waited: nothing more is decided
+            held, routed = None, False
             if stream.exchange is not None:
                 routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)
-                if held is not None:
-                    await self._give_back(held, routed)
+            self._phase_cpu["stream_end"](cpu() - started)
+            if held is not None:
+                await self._give_back(held, routed)
 
     async def _give_back(self, held: Reservation, routed: bool) -> None:
         """Release the concurrency leases; a request that never reached a model is charged nothing

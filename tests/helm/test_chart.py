@@ -194,6 +194,18 @@ def test_ports_follow_the_policy(chart: Chart) -> None:
     assert cluster["grpc_service"]["envoy_grpc"]["cluster_name"] == expected
 
 
+def test_workers_spread_the_dedicated_clusters_streams(chart: Chart) -> None:
+    def http2(values: dict[str, Any]) -> dict[str, Any]:
+        values = {"istio": {"extprocCluster": {"mode": "dedicated"}}, **values}
+        patches = find(chart.template(values), "EnvoyFilter")["spec"]["configPatches"]
+        cluster = next(p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER")
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        return dict(options["explicit_http_config"]["http2_protocol_options"])
+
+    assert http2({}) == {}
+    assert http2({"policy": {"service": {"workers": 2}}}) == {"max_concurrent_streams": 4}
+
+
 def env_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
     extproc = containers(find(objects, "Deployment", FULLNAME))["extproc"]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in extproc.get("env", [])}

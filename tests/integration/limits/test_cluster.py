@@ -1,6 +1,7 @@
 """The limits store on a real Redis Cluster (3 primaries + 3 replicas): every command routed to the primary
 serving its tenant's slot, exact across replicas; a slot migrated under load followed through ASK then
-MOVED (calls and posted commands); a primary killed, its replica promoted, and admissions back in Redis."""
+MOVED (calls and posted commands); a primary killed, its replica promoted, and admissions back in Redis.
+The rollout store shares the client, so it works on a cluster too."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from extproc.limits import TokenBudget as Budget
 from extproc.limits._rules import window_index
 from extproc.limits.cluster import key_slot
 from extproc.limits.slices import Slices
+from extproc.rollout import PoolWindow, RedisRolloutStore, RolloutState
 from tests.integration.limits.redis_cluster import RedisCluster
 
 pytestmark = pytest.mark.integration
@@ -164,3 +166,29 @@ async def test_a_primary_fails_over_and_admissions_return_to_redis(cluster: Redi
         assert counted(cluster, tag) >= 400  # 300 before the kill (replicated), 100 after, and the probes
     finally:
         await failover.close()
+
+
+async def test_rollout_state_lives_on_the_cluster_too(cluster: RedisCluster) -> None:
+    """The rollout store talks through the same client: its keys (no hash tag) land on every primary, and each
+    command follows its key's slot (redis-py's single-node client got MOVED for most of them)."""
+    models = {}
+    for n in itertools.count():
+        models.setdefault(cluster.owner(key_slot(f"rollout:m{n}")), f"m{n}")
+        if len(models) == 3:
+            break
+    writer = RedisRolloutStore(cluster.url, cluster=True, timeout_ms=2000)
+    reader = RedisRolloutStore(cluster.url, cluster=True, timeout_ms=2000)
+    try:
+        window = PoolWindow()
+        window.record(True, 0.1, 0.02)
+        for model in models.values():
+            state = RolloutState(model, "v2", "v1", 0, 5.0, "running", "started", 1.0, 1.0, 1, 1)
+            assert await writer.save(state, 0) and not await reader.save(state, 0)
+            await writer.add_outcomes(model, 1, {"v2": window})
+            assert await reader.load(model) == state
+            assert (await reader.load_outcomes(model, 1))["v2"].requests == 1
+            await writer.delete(model)
+            assert await reader.load(model) is None
+    finally:
+        await writer.close()
+        await reader.close()

@@ -19,6 +19,7 @@ from extproc.limits import (
     TokenBudget,
     hash_tag,
 )
+from extproc.limits.redis_address import RedisTls
 from tests.integration.limits.conftest import redis_store
 from tests.integration.limits.redis_server import RedisServer
 from tests.support import free_ports
@@ -173,7 +174,7 @@ async def test_tls_and_auth(servers: Callable[..., RedisServer], tmp_path: Path)
                      "--tls-ca-cert-file", str(ca), "--tls-auth-clients", "no", "--requirepass", "s3cret",
                      tls_port=tls_port)
     assert server.tls_port == tls_port
-    secure = RedisStore(f"rediss://:s3cret@127.0.0.1:{tls_port}", timeout_ms=2000, ssl_ca_certs=str(ca))
+    secure = RedisStore(f"rediss://:s3cret@127.0.0.1:{tls_port}", timeout_ms=2000, tls=RedisTls(ca_file=str(ca)))
     untrusted = RedisStore(f"rediss://:s3cret@127.0.0.1:{tls_port}", timeout_ms=2000)
     try:
         assert (await secure.admit(full("a", T0, 1))).admitted
