@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from extproc.limits import StoreUnavailable
 from extproc.limits.resp import Address, RespClient, Script
 from tests.integration.limits.redis_server import RedisServer
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -158,8 +159,7 @@ async def test_a_lost_connection_fails_pending_calls_and_the_next_call_reconnect
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
         await asyncio.sleep(0.05)
         pending = asyncio.create_task(resp.call("ECHO", "lost"))
-        await resp.post("release", "ZREM", "k", "m")
-        await asyncio.sleep(0.05)
+        await resp.post("release", "ZREM", "k", "m")  # pending from now on: the kill fails it, written or not
         server.kill()
         with pytest.raises(StoreUnavailable, match="connection lost"):
             await pending
@@ -172,12 +172,14 @@ async def test_a_lost_connection_fails_pending_calls_and_the_next_call_reconnect
         await asyncio.gather(stall, return_exceptions=True)
         await staller.aclose()
         server.start()
-        for _ in range(50):  # backoff is at most 0.5 s
+
+        async def reconnected() -> bool:  # after the backoff (at most 0.5 s), the next call connects
             try:
-                assert await resp.call("PING") == b"PONG"
-                break
+                return bool(await resp.call("PING") == b"PONG")
             except StoreUnavailable:
-                await asyncio.sleep(0.05)
+                return False
+
+        await eventually(reconnected, "a PING on a new connection")
         assert await resp.evalsha(ECHO, ["k"], ["v"]) == [b"k", b"v"]  # scripts loaded again on connect
     finally:
         await resp.close()
@@ -227,13 +229,9 @@ async def test_a_posted_script_delivers_its_reply_or_its_failure(servers: Callab
         assert replies == [[b"k", b"v"], [b"k2", b"v2"]]
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
         await asyncio.sleep(0.05)
-        await resp.post_evalsha("echo", ECHO, ["k3"], ["v3"], on_reply=replies.append)
-        await asyncio.sleep(0.05)
+        await resp.post_evalsha("echo", ECHO, ["k3"], ["v3"], on_reply=replies.append)  # pending at once
         server.kill()
-        for _ in range(100):
-            if len(replies) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(replies) == 3, "the posted script's failure delivered")
         assert isinstance(replies[2], StoreUnavailable) and resp.posted_failures == {"echo": 1}
         stall.cancel()
         await asyncio.gather(stall, return_exceptions=True)
