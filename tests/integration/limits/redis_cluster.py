@@ -117,4 +117,4 @@ class RedisCluster:
         while not condition():
             if time.monotonic() > deadline:
                 raise AssertionError(f"redis cluster: not {what} within {timeout_s:g} s")
-            time.sleep(0.05)
+            time.sleep(0.05)  # the poll interval of this bounded wait for a fact (sync: cluster set-up)

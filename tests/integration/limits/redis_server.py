@@ -46,6 +46,13 @@ class RedisServer:
         self._wait_ready(self.tls_port or self.port)
         return self
 
+    def asleep(self) -> bool:
+        """True while the server's main thread sleeps in `DEBUG SLEEP` (its kernel wait channel is the sleep,
+        not its event loop's epoll_wait): a fact to wait on before testing a stalled server."""
+        if self.proc is None:
+            return False
+        return Path(f"/proc/{self.proc.pid}/wchan").read_text() == "hrtimer_nanosleep"
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -63,6 +70,6 @@ class RedisServer:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
                     return
             except OSError:
-                time.sleep(0.02)
+                time.sleep(0.02)  # the poll interval of this bounded wait for the port (sync: fixture set-up)
         self.kill()
         pytest.fail("redis-server did not accept connections within 10 s", pytrace=False)

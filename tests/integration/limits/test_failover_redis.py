@@ -21,6 +21,7 @@ from extproc.limits import (
 from extproc.limits.failover import Policy
 from extproc.limits.slices import Slices
 from tests.integration.limits.redis_server import RedisServer
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -72,7 +73,7 @@ async def test_fail_open_when_redis_dies_and_primary_again_when_it_returns(
         assert fallback.sizes()["leases"] == 0
 
         server.start()
-        await asyncio.sleep(BACKOFF_S * 1.5)
+        await asyncio.sleep(BACKOFF_S * 1.5)  # the behaviour: Redis is tried again only after the probe backoff
         assert (await store.admit(request("after"))).admitted and store.primary_up
         assert not (await witness.admit(request("someone-else"))).admitted  # "after"'s lease is in Redis
         assert fallback.sizes()["leases"] == 0
@@ -110,7 +111,7 @@ async def test_a_stalled_redis_is_decided_within_the_deadline(servers: Callable[
         await store.release(reservation("warm"), time.time())
         sleep = staller.execute_command("DEBUG", "SLEEP", str(STALL_S))  # type: ignore[no-untyped-call]
         stall = asyncio.create_task(sleep)
-        await asyncio.sleep(0.05)  # the server is now asleep
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
         started = time.monotonic()
         result = await store.admit(request("stalled", tokens=60))
         admitted, refused_by, took = result.admitted, result.refused_by, time.monotonic() - started
@@ -120,7 +121,7 @@ async def test_a_stalled_redis_is_decided_within_the_deadline(servers: Callable[
         _, _, again = await timed(store, "stalled-2")
         assert again < STALL_S / 3
         await stall
-        await asyncio.sleep(BACKOFF_S * 1.5)
+        await asyncio.sleep(BACKOFF_S * 1.5)  # the behaviour: Redis is tried again only after the probe backoff
         if policy == "fail-open":
             # Redis ran the late admission when it woke up and, admitted alone too, it stays there until released
             assert not (await store.admit(request("held", tokens=1))).admitted and store.primary_up
@@ -153,7 +154,7 @@ async def test_fail_open_keeps_its_slice_then_is_capped_by_what_redis_had_left(
         assert (await store.admit(spend("a", 100, 1))).admitted  # one request of demand: no slice
         assert (await store.admit(spend("b", 100, 1.01))).admitted  # a slice of 200 (800 left)
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "1"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
         assert (await store.admit(spend("c", 60, 2))).admitted and store.primary_up  # from the slice
         # 140 left in the slice: e asks Redis, asleep; alone, a third of the 600 left beyond the slice
         assert (await store.admit(spend("e", 150, 2.1))).admitted and not store.primary_up
@@ -161,7 +162,7 @@ async def test_fail_open_keeps_its_slice_then_is_capped_by_what_redis_had_left(
         assert (refused.admitted, refused.refused_by) == (False, "tokens:{t}:capped")  # 200 - 150 < 60
         assert (await store.admit(spend("g", 50, 2.3))).admitted
         await stall
-        await asyncio.sleep(BACKOFF_S * 1.5)
+        await asyncio.sleep(BACKOFF_S * 1.5)  # the behaviour: Redis is tried again only after the probe backoff
         assert (await store.admit(spend("h", 1, 4))).admitted and store.primary_up
         # e, late in Redis and admitted alone, was kept there (Redis counted it when it woke up); f and g were
         # decided while Redis was marked down: g, admitted alone, is not added to Redis

@@ -94,12 +94,12 @@ async def test_a_caller_that_gives_up_does_not_shift_the_replies(redis_server: R
     staller = Redis.from_url(redis_server.url)
     try:
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "0.3"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(redis_server.asleep, "the server in DEBUG SLEEP")
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.02):
                 await resp.call("ECHO", "abandoned")
         cancelled = asyncio.create_task(resp.call("ECHO", "cancelled"))
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # one loop turn: the task sends its command and awaits the reply
         cancelled.cancel()
         assert await resp.call("ECHO", "mine") == b"mine"
         await stall
@@ -157,7 +157,7 @@ async def test_a_lost_connection_fails_pending_calls_and_the_next_call_reconnect
         await resp.call("PING")
         staller = Redis.from_url(server.url)
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
         pending = asyncio.create_task(resp.call("ECHO", "lost"))
         await resp.post("release", "ZREM", "k", "m")  # pending from now on: the kill fails it, written or not
         server.kill()
@@ -192,12 +192,12 @@ async def test_a_stalled_connection_is_dropped_when_a_caller_gives_up(redis_serv
     try:
         await resp.call("PING")
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "0.6"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(redis_server.asleep, "the server in DEBUG SLEEP")
         await resp.post("posted", "ECHO", "x")
         with pytest.raises(StoreUnavailable, match="no reply within"):
             await resp.call("ECHO", "first")  # waited 50 ms: not stale yet, the connection stays
         assert failures == []
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.15)  # the behaviour: staleness is time without a reply (stale_after_s 0.15)
         with pytest.raises(StoreUnavailable, match="no reply within"):
             await resp.call("ECHO", "second")  # no reply for > 150 ms when it gives up: dropped
         assert [op for op, _ in failures] == ["posted"] and "reconnecting" in failures[0][1]
@@ -228,7 +228,7 @@ async def test_a_posted_script_delivers_its_reply_or_its_failure(servers: Callab
         await resp.call("PING")
         assert replies == [[b"k", b"v"], [b"k2", b"v2"]]
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
         await resp.post_evalsha("echo", ECHO, ["k3"], ["v3"], on_reply=replies.append)  # pending at once
         server.kill()
         await eventually(lambda: len(replies) == 3, "the posted script's failure delivered")
