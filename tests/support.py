@@ -93,6 +93,27 @@ async def holds_for(check: Callable[[], object], what: str, duration_s: float, *
         await _pause(interval_s)
 
 
+def wait_until(check: Callable[[], object], what: str, *, timeout_s: float,
+               interval_s: float = POLL_INTERVAL_S) -> None:
+    """`eventually` for synchronous set-up code (fixtures starting servers): poll `check` until it is truthy."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(interval_s)  # the poll interval of a synchronous wait for a fact
+
+
+# -- time as the behaviour under test ---------------------------------------------------------------------------
+def block_event_loop(seconds: float) -> None:
+    """Stall the whole process for `seconds` (a long callback, a descheduled process): the fault under test."""
+    time.sleep(seconds)  # the behaviour: nothing else runs meanwhile
+
+
+async def arrive_after(delay_s: float) -> None:
+    """One request of a burst arriving `delay_s` after the burst starts, as bursts come through Envoy."""
+    await asyncio.sleep(delay_s)  # the behaviour: arrivals spread over time
+
+
 # -- the service's admin endpoints ----------------------------------------------------------------------------
 async def admin_json(http: aiohttp.ClientSession, admin_url: str, path: str) -> Any:
     async with http.get(f"{admin_url}{path}") as response:
@@ -305,6 +326,7 @@ async def kill_and_restart(group: ProcessGroup, stack: Stack) -> Outage:
     return Outage(await load, killed_s, back_s)
 
 
-__all__ = ["FAST", "LoadProgress", "Outage", "SteppedSleep", "admin_json", "debug_flow", "debug_pools",
-           "envoy_binary", "eventually", "free_ports", "held", "holds_for", "kill_and_restart", "launch_stack",
-           "metric_value", "pool_endpoint", "req", "start_service_with", "state", "wait_metric"]
+__all__ = ["FAST", "LoadProgress", "Outage", "SteppedSleep", "admin_json", "arrive_after", "block_event_loop",
+           "debug_flow", "debug_pools", "envoy_binary", "eventually", "free_ports", "held", "holds_for",
+           "kill_and_restart", "launch_stack", "metric_value", "pool_endpoint", "req", "start_service_with", "state",
+           "wait_metric", "wait_until"]

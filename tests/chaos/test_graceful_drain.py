@@ -100,7 +100,7 @@ async def test_in_flight_streams_finish_and_the_process_exits_0_within_grace(out
     assert [(status, done) for status, done, _ in outcome.streams] == [(200, True)] * STREAMS
     assert min(ended for _, _, ended in outcome.streams) > DRAIN_DELAY_S  # they ran into the grace period
     assert outcome.exit_code == 0
-    assert outcome.exit_s <= DRAIN_DELAY_S + GRACE_S + 1.0
+    assert outcome.exit_s <= DRAIN_DELAY_S + GRACE_S + 1.0  # the behaviour: the drain is bounded (1 s margin)
     async with aiohttp.ClientSession() as http:
         await assert_no_leaked_in_flight(http, outcome.stack.admin_urls[1:])
 

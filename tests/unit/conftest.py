@@ -9,20 +9,9 @@ from typing import Any
 
 import pytest
 
-# Known exceptions, to be moved to tests/integration (each named with its reason).
-ALLOWED = {
-    # Builds the Redis store behind the failover and lets it try 127.0.0.1:1. tests/unit/limits is being
-    # rewritten in a parallel change; moving this test is left to it.
-    "tests/unit/limits/test_build_store.py::test_redis_behind_a_failover_with_this_replicas_share",
-}
-
 
 @pytest.fixture(autouse=True)
 def no_network_sockets(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    if request.node.nodeid in ALLOWED:
-        yield
-        return
-
     def refuse(original: Any) -> Any:
         def guarded(self: socket.socket, *args: Any) -> Any:
             if self.family in (socket.AF_INET, socket.AF_INET6):

@@ -6,7 +6,6 @@ durations short and their bounds generous; the server never answers "later" but 
 from __future__ import annotations
 
 import socket
-import time
 
 import pytest
 
@@ -18,6 +17,7 @@ from extproc.bench.loadgen import (
     run_open_loop,
 )
 from extproc.bench.stats import summarize
+from tests.support import block_event_loop
 
 from .conftest import Server
 
@@ -144,7 +144,7 @@ async def test_open_loop_catches_up_after_a_stall_instead_of_shrinking_rate(serv
     def next_spec(i: int) -> RequestSpec:
         if i == 0:
             # Arrivals 1..9 become due during the stall and must be sent late, not skipped.
-            time.sleep(0.1)  # the stall under test: blocks the event loop on purpose
+            block_event_loop(0.1)  # the stall under test
         return _get("/json")
 
     reports: list[Progress] = []

@@ -8,12 +8,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_ports
+from tests.support import free_ports, wait_until
 
 
 def redis_server_binary() -> str:
@@ -60,16 +59,19 @@ class RedisServer:
         self.proc = None
 
     def _wait_ready(self, port: int) -> None:
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
+        def accepting() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 log = Path(self._dir, "redis.log").read_text(errors="replace")
                 pytest.fail(f"redis-server exited with {self.proc.returncode}:\n{log}", pytrace=False)
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return
+                    return True
             except OSError:
-                time.sleep(0.02)  # the poll interval of this bounded wait for the port (sync: fixture set-up)
-        self.kill()
-        pytest.fail("redis-server did not accept connections within 10 s", pytrace=False)
+                return False
+
+        try:
+            wait_until(accepting, "redis-server accepting connections", timeout_s=10.0)
+        except AssertionError:
+            self.kill()
+            pytest.fail("redis-server did not accept connections within 10 s", pytrace=False)

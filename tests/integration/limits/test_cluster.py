@@ -28,7 +28,7 @@ from extproc.limits.cluster import key_slot
 from extproc.limits.slices import Slices
 from extproc.rollout import PoolWindow, RedisRolloutStore, RolloutState
 from tests.integration.limits.redis_cluster import RedisCluster
-from tests.support import eventually
+from tests.support import arrive_after, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -81,7 +81,7 @@ async def test_tenants_on_different_primaries_are_exact_across_replicas(cluster:
     replicas = [store(cluster, f"r{i}") for i in range(3)]
     try:
         async def one(replica: RedisStore, rid: str, tag: str, delay_s: float) -> bool:
-            await asyncio.sleep(delay_s)  # the behaviour: arrivals spread over time, as through Envoy
+            await arrive_after(delay_s)
             return (await replica.admit(req(rid, tag, 10))).admitted
 
         for replica in replicas:  # two requests each: busy keys, so every replica holds slices

@@ -4,7 +4,6 @@ posted calls and their failures, SELECT, reconnects and a stalled server."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -13,7 +12,7 @@ from redis.asyncio import Redis
 from extproc.limits import StoreUnavailable
 from extproc.limits.resp import Address, RespClient, Script
 from tests.integration.limits.redis_server import RedisServer
-from tests.support import eventually
+from tests.support import block_event_loop, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -68,13 +67,18 @@ def test_under_uvloop(redis_server: RedisServer) -> None:
     assert uvloop.run(scenario()) == [b"1", [b"k", b"v"], [b"k", b"late"], {}]
 
 
+async def one_loop_turn() -> None:
+    """Let a task just created run to its first wait: it sends its command, then awaits the reply."""
+    await asyncio.sleep(0)  # one turn of the event loop, no time: the task's first step runs
+
+
 async def reply_after_a_stalled_loop(resp: RespClient) -> object:
     """A call whose deadline passes while the whole process is blocked (descheduled, a long callback):
     its reply, there by then, is read before the deadline is looked at."""
     await resp.call("PING")
     task = asyncio.create_task(resp.evalsha(ECHO, ["k"], ["late"], timeout_s=0.005))
-    await asyncio.sleep(0)  # the task sends its command
-    time.sleep(0.05)  # noqa: ASYNC251  # blocks the loop on purpose
+    await one_loop_turn()
+    block_event_loop(0.05)  # the fault under test
     return await task
 
 
@@ -99,7 +103,7 @@ async def test_a_caller_that_gives_up_does_not_shift_the_replies(redis_server: R
             async with asyncio.timeout(0.02):
                 await resp.call("ECHO", "abandoned")
         cancelled = asyncio.create_task(resp.call("ECHO", "cancelled"))
-        await asyncio.sleep(0)  # one loop turn: the task sends its command and awaits the reply
+        await one_loop_turn()
         cancelled.cancel()
         assert await resp.call("ECHO", "mine") == b"mine"
         await stall
