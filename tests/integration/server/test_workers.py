@@ -15,14 +15,7 @@ import pytest
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
 from tests.integration.limits.redis_server import RedisServer
-
-
-async def eventually(check, what, timeout_s=5.0):  # type: ignore[no-untyped-def]
-    import time
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -82,7 +75,8 @@ async def test_workers_share_the_port_restart_and_keep_limits_exact(tmp_path: Pa
             return workers[0]["restarts"] == 1 and workers[0]["running"] and workers[0]["pid"] != victim["pid"] \
                 and ready == 200 and len(await streams_by_worker(http, stack)) == 2
 
-        await eventually(restarted, "worker 0 restarted, ready and exporting metrics", timeout_s=30)
+        await eventually(restarted, "worker 0 restarted, ready and exporting metrics", timeout_s=30,
+                         interval_s=0.1)  # three admin requests per check
         statuses = await burst(http, stack, "model-b")
         assert statuses.count(200) == BURST and statuses.count(429) == CONCURRENT - BURST, statuses
         again = await streams_by_worker(http, stack)
