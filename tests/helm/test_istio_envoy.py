@@ -20,11 +20,11 @@ import yaml
 
 from extproc.bench.loadgen import Sample
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
+from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_sim
 from extproc.config import Policy, parse_policy
 from extproc.xds.render import dump, render_static
 from tests.helm.chart import Chart, istio_bootstrap, policy_text
-from tests.support import kill_and_restart
+from tests.support import Outage, kill_and_restart, start_service_with
 
 pytestmark = pytest.mark.asyncio
 
@@ -67,15 +67,15 @@ def chart_stack(tmp_path: Path, chart: Chart, istio: dict[str, Any], envoy: dict
     return stack, objects
 
 
-async def run(tmp_path: Path, chart: Chart, istio: dict[str, Any]) -> tuple[Stack, list[Sample]]:
+async def run(tmp_path: Path, chart: Chart, istio: dict[str, Any]) -> tuple[Stack, Outage]:
     stack, _ = chart_stack(tmp_path, chart, istio, FAIL_OPEN)
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
                                                 ["--profile", "fast"])
-        stack.children["service"] = await start_service(group, stack)
+        stack.children["service"] = await start_service_with(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
-        samples = await kill_and_restart(group, stack)
-    return stack, samples
+        outage = await kill_and_restart(group, stack)
+    return stack, outage
 
 
 def served_by(stack: Stack, samples: list[Sample], pool: str) -> list[Sample]:
@@ -85,7 +85,8 @@ def served_by(stack: Stack, samples: list[Sample], pool: str) -> list[Sample]:
 
 async def test_fail_open_serves_the_fallback_pool_and_ignores_client_routing_headers(tmp_path: Path,
                                                                                      chart: Chart) -> None:
-    stack, samples = await run(tmp_path, chart, {})
+    stack, outage = await run(tmp_path, chart, {})
+    samples = outage.samples
     assert [s for s in samples if s.error is not None] == []
     assert len(served_by(stack, samples, "main")) == len(samples) > 150
     assert served_by(stack, samples, "spare") == []
@@ -98,15 +99,12 @@ async def test_without_early_header_mutation_a_client_header_picks_the_pool_whil
     # picks it again when ext_proc fails open.
     # Our own pool clusters (named as the pools, which the attacking header names) keep the attack simple.
     dedicated = {"poolClusters": "dedicated"}
-    stack, samples = await run(tmp_path, chart, {"earlyHeaderMutation": False, "routing": dedicated})
-    steered = served_by(stack, samples, "spare")
+    stack, outage = await run(tmp_path, chart, {"earlyHeaderMutation": False, "routing": dedicated})
+    steered = served_by(stack, outage.samples, "spare")
     assert steered, "expected the client's x-gateway-pool to win while the service was down"
-    # Only during the outage (killed at 1.5 s): one window, after which the restarted service re-routes them all
-    # (its end depends on how fast the service restarts on a busy machine, so it is found, not assumed).
-    first, last = min(s.start_s for s in steered), max(s.start_s for s in steered)
-    assert first > 1.4
-    assert [s for s in samples if first <= s.start_s <= last and s not in steered] == []
-    assert served_by(stack, [s for s in samples if s.start_s > last], "main"), "the restarted service never re-routed"
+    # Only during the outage (ext_proc re-routes otherwise); a request may meet the kill or the restart midway.
+    # The behaviour is a time window: the outage's own timeline, with margins for a request caught at its edges.
+    assert all(outage.killed_s - 0.1 < s.start_s < outage.back_s + 0.5 for s in steered)
 
 
 async def test_fail_closed_a_routed_stream_outlives_the_service_and_the_rest_get_500(tmp_path: Path,
@@ -119,7 +117,7 @@ async def test_fail_closed_a_routed_stream_outlives_the_service_and_the_rest_get
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
                                                 ["--profile", "fast"])
-        stack.children["service"] = await start_service(group, stack)
+        stack.children["service"] = await start_service_with(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             async def stream() -> tuple[int, bool, str]:
@@ -146,7 +144,7 @@ async def test_istio_s_own_pool_cluster_with_the_merged_policy_sends_each_reques
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
                                                 ["--profile", "fast"])
-        stack.children["service"] = await start_service(group, stack)
+        stack.children["service"] = await start_service_with(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             served: dict[str, int] = {}

@@ -5,7 +5,6 @@ endpoints, watch events move them, bookmarks advance the version, 410 Gone lists
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -16,19 +15,15 @@ from extproc.endpoints.config import InferencePoolSource
 from extproc.endpoints.inference_pool import InferencePoolDiscovery
 from extproc.endpoints.kube import KubernetesApi
 from tests.integration.endpoints.kube_server import KubeApiServer, inference_pool, pod
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio
 
 LABELS = {"app": "vllm-llama"}
 
 
-async def until(check: Callable[[], object], what: str, timeout_s: float = 10.0) -> None:
-    """Poll a fact with a bound (never a sleep standing in for it)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.01)
+async def until(check: Callable[[], object], what: str) -> None:
+    await eventually(check, what, timeout_s=10.0)  # a bound for a loaded machine
 
 
 class Found:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -20,18 +19,15 @@ from extproc.bench.stack import free_ports
 from extproc.config import Policy
 from extproc.server.app import Service, build_service, endpoint_picker_policy
 from tests.integration.endpoints.kube_server import KubeApiServer, inference_pool, pod
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio
 
 SERVING, NOT_SERVING = health_pb2.HealthCheckResponse.SERVING, health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-async def until(check: Callable[[], Any], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not (await check() if asyncio.iscoroutinefunction(check) else check()):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.02)
+async def until(check: Callable[[], object], what: str) -> None:
+    await eventually(check, what, timeout_s=10.0)  # a bound for a loaded machine
 
 
 def write_pair(ca: trustme.CA, directory: Path) -> tuple[Path, Path]:

@@ -12,10 +12,8 @@ limits answer 429, flow control sheds with 429, and a pool without a ready endpo
 
 from __future__ import annotations
 
-import asyncio
 import json
 import signal
-import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -31,6 +29,7 @@ from extproc.bench.stack import SimPool, Stack, free_ports, start_envoy, start_s
 from extproc.config import parse_policy
 from extproc.xds.picker import Shape, picker_bootstrap
 from extproc.xds.render import dump
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -38,12 +37,8 @@ POOL = SimPool("chat", "org/chat", 3, aliases=("chat",), max_num_seqs=1)
 SUBSET_HEADER = "x-test-subset"  # what the test's gateway turns into the envoy.lb.subset_hint metadata
 
 
-async def until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        await asyncio.sleep(0.05)
+async def until(check: Callable[[], object], what: str) -> None:
+    await eventually(check, what, timeout_s=15.0)  # a bound for a loaded machine
 
 
 def stack_for(tmp_path: Path, shape: Shape) -> tuple[Stack, dict[str, Any]]:
