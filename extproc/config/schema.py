@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from extproc.autoscale.config import AutoscalingConfig
 from extproc.endpoints.config import DnsDiscovery, HealthPolicy, SaturationConfig, ScrapeConfig
 from extproc.flow.config import FlowControlConfig
 from extproc.guard.config import GuardConfig
@@ -27,7 +28,7 @@ from extproc.scheduling.config import (
 
 # Every section's model, importable from here (each is defined once, in the package that owns the section).
 __all__ = [
-    "BUILTIN_PROFILES", "AuditConfig", "AuthConfig", "BoundsConfig", "DnsDiscovery", "EnvoyConfig",
+    "BUILTIN_PROFILES", "AuditConfig", "AuthConfig", "AutoscalingConfig", "BoundsConfig", "DnsDiscovery", "EnvoyConfig",
     "FlowControlConfig", "GuardConfig", "HealthPolicy", "LimitsConfig", "PluginConfig", "PluginRef", "Policy",
     "PoolConfig", "ProfileConfig", "RedisTls", "RolloutPolicy", "SaturationConfig", "SchedulingConfig",
     "ScrapeConfig", "ServiceConfig", "TierConfig", "TierLimits", "parse_endpoint",
@@ -195,6 +196,11 @@ class PoolConfig(Strict):
     max_num_seqs: int | None = Field(default=None, ge=1, le=100_000,
                                      description="the engines' --max-num-seqs: at most this many requests per endpoint "
                                                  "before flow control holds them (default: learned from the engines)")
+    cold_start_timeout_s: float = Field(default=0.0, ge=0, le=3600,
+                                        description="the pool may have no ready endpoint (scaled to zero): its "
+                                                    "requests wait up to this long for the first one (0 = 503 at once)")
+    target_per_replica: float | None = Field(default=None, gt=0, le=100_000,
+                                             description="autoscaling.target_per_replica for this pool")
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
@@ -215,10 +221,15 @@ class PoolConfig(Strict):
 class Policy(Strict):
     """The whole policy file."""
 
+    def longest_wait_s(self) -> float:
+        """The longest a request may be held by flow control: its class's wait, or a cold pool's start."""
+        if not self.flow_control.enabled:
+            return 0.0
+        return max(self.flow_control.longest_wait_s(), *(p.cold_start_timeout_s for p in self.pools))
+
     def _longest_decision_s(self) -> float:
         """The longest a request may wait for its ext_proc decision (queued + the reply's timeout)."""
-        longest = self.flow_control.longest_wait_s() if self.flow_control.enabled else 0.0
-        return longest + self.envoy.message_timeout_ms / 1000
+        return self.longest_wait_s() + self.envoy.message_timeout_ms / 1000
 
     def request_timeout_s(self) -> float:
         """envoy.request_timeout_s, or its default: 60 s, more if a decision may take longer (+30 s)."""
@@ -237,6 +248,7 @@ class Policy(Strict):
     saturation: SaturationConfig = SaturationConfig()
     audit: AuditConfig = AuditConfig()
     guard: GuardConfig = GuardConfig()
+    autoscaling: AutoscalingConfig = AutoscalingConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
@@ -268,6 +280,14 @@ class Policy(Strict):
             raise ValueError("envoy.failure_mode_allow needs envoy.fallback_pool naming a pool (where requests go "
                              "when the service is bypassed)")
         for pool in self.pools:
+            if pool.cold_start_timeout_s > 0:
+                if not self.flow_control.enabled or not self.scheduling.scrape.enabled:
+                    raise ValueError(f"pool {pool.name!r}: cold_start_timeout_s holds requests in flow control until "
+                                     "a scrape finds an endpoint ready: it needs flow_control.enabled and "
+                                     "scheduling.scrape.enabled")
+                if pool.backup_pool is not None:
+                    raise ValueError(f"pool {pool.name!r}: cold_start_timeout_s (wait for this pool's first "
+                                     "endpoint) and backup_pool (send elsewhere at once) exclude each other")
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
         timeout = self.envoy.request_timeout_s

@@ -25,8 +25,12 @@ def pool_room(runtime: Callable[[], Runtime], health: HealthTracker) -> Callable
         pool = runtime().pools.get(pool_name)
         if pool is None:
             return Room(math.inf, 0)
+        ready = pool.ready(health.usable(pool.endpoints, now))
+        cold_s = pool.config.cold_start_timeout_s
+        if cold_s > 0 and not ready:  # scaled to zero (or still starting): hold for the first endpoint
+            return Room(0.0, 0, cold_s)
         load = pool.load
-        return Room.of(load.room(e, now, reserve) for e in health.usable(pool.endpoints, now))
+        return Room.of(load.room(e, now, reserve) for e in ready)
 
     return room
 

@@ -41,7 +41,7 @@ class Schedule:
         observe(seconds)
 
     def usable(self, pool: Pool, now: float) -> list[Endpoint]:
-        return self.health.usable(pool.endpoints, now)
+        return pool.ready(self.health.usable(pool.endpoints, now))
 
     def request(self, caller: Caller, resolved: Resolved, pool: Pool, sequence: int = 0) -> SchedulingRequest:
         """What the pool's scheduling profile is told about the request."""

@@ -35,6 +35,7 @@ from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
+from extproc.server.scaler import ScalerService
 from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_store
 from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
@@ -81,6 +82,7 @@ class Service:
     discovery: DnsDiscoverer
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
+    scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -100,6 +102,8 @@ class Service:
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         self.discovery.configure(self.runtimes.current.policy.pools)
         await self.scraper.start()
+        if self.scaler is not None:
+            await self.scaler.start()
         if self.fleet is not None:
             await self.fleet.start()
         if self.calibration_sync is not None:
@@ -131,6 +135,8 @@ class Service:
             await asyncio.sleep(drain_delay_s)
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
+        if self.scaler is not None:
+            await self.scaler.stop()
         if self.fleet is not None:
             await self.fleet.stop()
         if self.calibration_sync is not None:
@@ -175,6 +181,10 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    scaler = None
+    if policy.autoscaling.enabled:
+        scaler = ScalerService(runtimes, parts.flow, parts.health)
+        server.add_generic_rpc_handlers((scaler.handler(),))
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape, saturation=lambda: runtimes.current.policy.saturation)
     scraper.on_scrape = parts.flow.kick_all  # fresh metrics may show room for queued requests
     registry.register(FlowCollector(parts.flow))
@@ -183,6 +193,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     service = Service(policy_path, runtimes, endpoints, metrics, parts, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
+    service.scaler = scaler
     service.calibration_sync = build_calibration_sync(policy, parts.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
     if fleet is not None:

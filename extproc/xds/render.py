@@ -80,7 +80,7 @@ def early_header_mutation(policy: Policy) -> list[dict[str, Any]]:
 def http_filters(policy: Policy) -> list[dict[str, Any]]:
     envoy = policy.envoy
     flow = policy.flow_control
-    max_wait_s = flow.longest_wait_s() + MESSAGE_TIMEOUT_SLACK_S + 1.0 if flow.enabled else 0.0
+    max_wait_s = policy.longest_wait_s() + MESSAGE_TIMEOUT_SLACK_S + 1.0 if flow.enabled else 0.0
     strip = [{"remove": name} for name in stripped_headers(policy)]
     return [
         {
