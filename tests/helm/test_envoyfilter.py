@@ -45,6 +45,11 @@ POLICIES = {
                                                           "interval_s": 2.5, "family": "v4"}},
         {"name": "embed", "model": "m-embed", "endpoints": ["10.1.0.9:9000"]},
     ]}},
+    # A pool scaling from zero holds requests longer than any class waits: Envoy's timers follow it.
+    "cold-start": {"policy": {"pools": [
+        {"name": "chat", "model": "m-chat", "endpoints": ["10.1.0.1:8000"], "cold_start_timeout_s": 95},
+        {"name": "code", "model": "m-code", "endpoints": ["10.1.0.9:9000"]},
+    ]}},
 }
 CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
 
