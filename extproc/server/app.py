@@ -35,8 +35,9 @@ from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.processor import ExternalProcessorService
+from extproc.server.queue_sync import QueueSync
 from extproc.server.scaler import ScalerService
-from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_store
+from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_queue_sync, build_store
 from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
@@ -83,6 +84,7 @@ class Service:
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
     scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
+    queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -104,6 +106,8 @@ class Service:
         await self.scraper.start()
         if self.scaler is not None:
             await self.scaler.start()
+        if self.queue_sync is not None:
+            await self.queue_sync.start()
         if self.fleet is not None:
             await self.fleet.start()
         if self.calibration_sync is not None:
@@ -137,6 +141,8 @@ class Service:
         await self.scraper.stop()
         if self.scaler is not None:
             await self.scaler.stop()
+        if self.queue_sync is not None:
+            await self.queue_sync.stop()
         if self.fleet is not None:
             await self.fleet.stop()
         if self.calibration_sync is not None:
@@ -194,6 +200,12 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
     service.scaler = scaler
+    if scaler is not None:
+        flow = parts.flow
+        service.queue_sync = queue_sync = build_queue_sync(
+            policy, lambda: {name: flow.queued(name) for name in runtimes.current.pools})
+        if queue_sync is not None:
+            scaler.others = queue_sync.others
     service.calibration_sync = build_calibration_sync(policy, parts.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
     if fleet is not None:

@@ -11,7 +11,8 @@ metadata in every call (`ScaledObjectRef.scalerMetadata`). For that pool:
   for a pool without a ready endpoint (flow control calls `wake`), else at the next sample.
 
 Nothing here runs per request: a `Periodic` samples every pool every `autoscaling.sample_interval_s` from counts
-the load model and flow control already keep; KEDA's calls read the last sample.
+the load model and flow control already keep (with Redis, the other replicas' queues too: `queue_sync`); KEDA's
+calls read the last sample.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class ScalerService:
     def __init__(self, runtimes: RuntimeHolder, flow: FlowController, health: HealthTracker,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._runtimes = runtimes
+        # The other service replicas' queued requests per pool (`extproc.server.queue_sync`, with Redis).
+        self.others: Callable[[str], int] = lambda pool: 0
         self._flow = flow
         self._health = health
         self._clock = clock
@@ -89,7 +92,7 @@ class ScalerService:
         pools = self._runtimes.current.pools
         for name, pool in pools.items():
             before = self.tracker.estimate(name)
-            queued = self._flow.queued(name)
+            queued = self.queued(name)
             ready = pool.ready(self._health.usable(pool.endpoints, now))
             held = queued if not ready and pool.config.cold_start_timeout_s > 0 else 0
             after = self.tracker.observe(name, now, pool_demand(pool, now, queued), held)
@@ -102,9 +105,13 @@ class ScalerService:
         for event in self._streams.get(pool, ()):
             event.set()
 
+    def queued(self, pool: str) -> int:
+        """Requests held for `pool` by this replica and, as last heard, the others."""
+        return self._flow.queued(pool) + self.others(pool)
+
     def active(self, pool: str) -> bool:
         estimate = self.tracker.estimate(pool)
-        return (estimate is not None and estimate.active) or self._flow.queued(pool) > 0
+        return (estimate is not None and estimate.active) or self.queued(pool) > 0
 
     # -- the gRPC service ------------------------------------------------------------------------------
     def handler(self) -> grpc.GenericRpcHandler[Any, Any]:
