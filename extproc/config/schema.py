@@ -201,6 +201,9 @@ class PoolConfig(Strict):
                                                     "requests wait up to this long for the first one (0 = 503 at once)")
     target_per_replica: float | None = Field(default=None, gt=0, le=100_000,
                                              description="autoscaling.target_per_replica for this pool")
+    sleep_after_idle_s: float = Field(default=0.0, ge=0, le=86_400,
+                                      description="engines idle this long are put to sleep (vLLM sleep mode) and "
+                                                  "woken when a request needs one (0 = never)")
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
@@ -288,6 +291,9 @@ class Policy(Strict):
                 if pool.backup_pool is not None:
                     raise ValueError(f"pool {pool.name!r}: cold_start_timeout_s (wait for this pool's first "
                                      "endpoint) and backup_pool (send elsewhere at once) exclude each other")
+            if pool.sleep_after_idle_s > 0 and pool.cold_start_timeout_s <= 0:
+                raise ValueError(f"pool {pool.name!r}: sleep_after_idle_s needs cold_start_timeout_s (how long a "
+                                 "request waits while an engine wakes up)")
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
         timeout = self.envoy.request_timeout_s

@@ -166,8 +166,8 @@ class FlowController:
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
         # Called with the pool's name when a request is held for a pool without a ready endpoint (a rare path:
-        # the autoscaler learns at once that the pool must wake up).
-        self.on_cold: Callable[[str], None] | None = None
+        # the autoscaler and the sleep manager learn at once that the pool must wake up).
+        self.cold_listeners: list[Callable[[str], None]] = []
 
     @property
     def config(self) -> FlowControlConfig:
@@ -210,8 +210,9 @@ class FlowController:
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
         pool.stats(klass).queued += 1
-        if ticket.cold and self.on_cold is not None:
-            self.on_cold(pool_name)
+        if ticket.cold:
+            for listener in self.cold_listeners:
+                listener(pool_name)
         return ticket
 
     def routed(self, ticket: Ticket) -> None:

@@ -21,6 +21,7 @@ from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import Endpoint, EndpointRegistry, MetricsScraper
 from extproc.endpoints.discovery import DnsDiscoverer
+from extproc.endpoints.sleep import SleepManager, SleepPool
 from extproc.gateway import Gateway, Parts, RuntimeHolder, build_gateway
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
@@ -85,6 +86,7 @@ class Service:
     calibration_sync: CalibrationSync | None = None
     scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
     queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
+    sleep: SleepManager | None = None  # engines of pools with sleep_after_idle_s
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -106,6 +108,8 @@ class Service:
         await self.scraper.start()
         if self.scaler is not None:
             await self.scaler.start()
+        if self.sleep is not None:
+            await self.sleep.start()
         if self.queue_sync is not None:
             await self.queue_sync.start()
         if self.fleet is not None:
@@ -141,6 +145,8 @@ class Service:
         await self.scraper.stop()
         if self.scaler is not None:
             await self.scaler.stop()
+        if self.sleep is not None:
+            await self.sleep.stop()
         if self.queue_sync is not None:
             await self.queue_sync.stop()
         if self.fleet is not None:
@@ -200,6 +206,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
     service.scaler = scaler
+    service.sleep = build_sleep_manager(runtimes, parts)
     if scaler is not None:
         flow = parts.flow
         service.queue_sync = queue_sync = build_queue_sync(
@@ -227,6 +234,21 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         access_log=None
     )
     return service
+
+
+def build_sleep_manager(runtimes: RuntimeHolder, parts: Parts) -> SleepManager:
+    """Sleep and wake-up of the engines of pools with `sleep_after_idle_s` (follows policy reloads)."""
+
+    def pools() -> list[SleepPool]:
+        runtime = runtimes.current
+        stale_s = runtime.policy.scheduling.scrape.stale_after_ms / 1000
+        return [SleepPool(p.name, p.config.sleep_after_idle_s, p.endpoints, stale_s)
+                for p in runtime.pools.values() if p.config.sleep_after_idle_s > 0]
+
+    flow = parts.flow
+    manager = SleepManager(pools, flow.queued, flow.kick)
+    flow.cold_listeners.append(manager.wanted)
+    return manager
 
 
 async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = None,

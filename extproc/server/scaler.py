@@ -68,7 +68,7 @@ class ScalerService:
         self._open_streams = 0
         self._sampler = Periodic("autoscale-sampler", self._sample, lambda: self._config().sample_interval_s,
                                  log=log, what="demand sampling", immediate=True)
-        flow.on_cold = self.wake
+        flow.cold_listeners.append(self.wake)
 
     def _config(self) -> AutoscalingConfig:
         return self._runtimes.current.policy.autoscaling

@@ -51,7 +51,7 @@ async def test_a_cold_pool_holds_every_class_past_its_wait_and_releases_them_whe
     pool = Pool(cold_s=20.0)
     flow = controller(pool)
     woken: list[str] = []
-    flow.on_cold = woken.append
+    flow.cold_listeners.append(woken.append)
     standard = flow.offer("p", "t", "standard", 10)
     sheddable = flow.offer("p", "t", "sheddable", 10)  # never queued when saturated; held when cold
     assert isinstance(standard, Ticket) and isinstance(sheddable, Ticket)
