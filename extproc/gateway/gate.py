@@ -3,6 +3,7 @@ from the pool's load model (extproc/endpoints/load.py) over its usable endpoints
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -17,20 +18,25 @@ from extproc.telemetry import GatewayMetrics
 __all__ = ["Gate", "pool_room"]
 
 
-def pool_room(runtime: Callable[[], Runtime], health: HealthTracker) -> Callable[[str, float, float], Room]:
+def pool_room(runtime: Callable[[], Runtime], health: HealthTracker
+              ) -> Callable[[str, float, float, float], Room]:
     """Flow control's room callback: how many more requests of a class keeping `reserve` free a pool's usable
-    endpoints take, under the current runtime."""
+    endpoints take (counted up to `enough`), under the current runtime."""
 
-    def room(pool_name: str, now: float, reserve: float) -> Room:
+    def room(pool_name: str, now: float, reserve: float, enough: float) -> Room:
         pool = runtime().pools.get(pool_name)
         if pool is None:
             return Room(math.inf, 0)
-        ready = pool.ready(health.usable(pool.endpoints, now))
+        usable = health.each_usable(pool.endpoints, now)
         cold_s = pool.config.cold_start_timeout_s
-        if cold_s > 0 and not ready:  # scaled to zero (or still starting): hold for the first endpoint
-            return Room(0.0, 0, cold_s)
+        if cold_s > 0:  # a pool that may be at zero ready endpoints: hold for the first one
+            ready = (e for e in usable if pool.is_ready(e))
+            first = next(ready, None)
+            if first is None:
+                return Room(0.0, 0, cold_s)
+            usable = itertools.chain((first,), ready)
         load = pool.load
-        return Room.of(load.room(e, now, reserve) for e in ready)
+        return Room.of((load.room(e, now, reserve) for e in usable), enough)
 
     return room
 

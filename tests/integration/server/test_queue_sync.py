@@ -60,7 +60,7 @@ async def test_the_scaler_counts_the_other_replicas_held_requests() -> None:
     policy = parse_policy("autoscaling: {enabled: true, predict_s: 0, scale_down_stabilization_s: 0}\n"
                           "pools: [{name: chat, model: m, endpoints: ['127.0.0.1:9'], cold_start_timeout_s: 30}]\n")
     runtimes = RuntimeHolder(policy)
-    flow = FlowController(lambda: policy.flow_control, lambda pool, now, reserve: Room(0.0, 0, 30.0))
+    flow = FlowController(lambda: policy.flow_control, lambda pool, now, reserve, enough: Room(0.0, 0, 30.0))
     scaler = ScalerService(runtimes, flow, HealthTracker(lambda: policy.health))
     scaler.sample()
     assert not scaler.active("chat")

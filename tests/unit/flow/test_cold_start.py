@@ -24,7 +24,7 @@ class Pool:
         self.now = 100.0
         self.timers: list[tuple[float, Callable[[], None], Handle]] = []
 
-    def room(self, pool: str, now: float, reserve: float) -> Room:
+    def room(self, pool: str, now: float, reserve: float, enough: float = float("inf")) -> Room:
         return Room(float("inf"), 0) if self.warm else Room(0.0, 0, self.cold_s)
 
     def timer(self, delay: float, callback: Callable[[], None]) -> Handle:
