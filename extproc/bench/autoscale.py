@@ -141,11 +141,13 @@ async def run_autoscale(args: argparse.Namespace) -> int:
               "autoscaling": {"enabled": True, "target_per_replica": SEATS, "sample_interval_s": 0.5,
                               "predict_s": args.predict, "trend_window_s": 10.0,
                               "scale_down_stabilization_s": args.stabilization}}
-    async with ProcessGroup(workdir / "logs") as group:
+    # Replicas start while gRPC threads run here: no preexec hook for them (keda_controller.py).
+    async with ProcessGroup(workdir / "logs") as group, \
+            ProcessGroup(workdir / "logs", die_with_parent=False) as replica_group:
         stack = prepare(workdir, [pool], extra_policy=policy)
         await start_service(group, stack)
         await start_envoy(group, stack)
-        replicas = Replicas(group, workdir, MODEL, stack.sim_ports["auto"], str(profile), args.cold_start,
+        replicas = Replicas(replica_group, workdir, MODEL, stack.sim_ports["auto"], str(profile), args.cold_start,
                             time.monotonic)
         replicas.scale(args.start_replicas)
         async with grpc.aio.insecure_channel(f"127.0.0.1:{stack.policy.service.grpc_port}") as channel, \

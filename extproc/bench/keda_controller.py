@@ -6,7 +6,10 @@
 - The HPA's side (`desired_replicas`): ceil(metric / target) within [min, max], no change inside a 10%
   tolerance; zero replicas only after `cooldown_s` inactive (KEDA's cooldownPeriod), one at once on activation.
 - The cluster's side (`Replicas`): a new replica becomes a simulator process after `cold_start_s` (scheduling,
-  image pull, model load); a removed one gets SIGTERM, newest first, pending starts cancelled first.
+  image pull, model load); a removed one gets SIGTERM, newest first, pending starts cancelled first. Its
+  process group must not use a preexec hook (`ProcessGroup(die_with_parent=False)`): these processes are
+  forked while gRPC's threads run in this process, and a forked child that runs Python code before exec can
+  deadlock on a lock one of those threads held (seen: one replica in four never started).
 """
 
 from __future__ import annotations
@@ -111,6 +114,13 @@ class Replicas:
                 stopping.add_done_callback(self.stopping.discard)
 
     async def _start(self, port: int) -> None:
+        try:
+            await self._launch(port)
+        except Exception as exc:  # the controller asks again at its next poll
+            print(f"replica on port {port} did not start: {exc}", file=sys.stderr)
+            self.starting.pop(port, None)
+
+    async def _launch(self, port: int) -> None:
         await asyncio.sleep(self.cold_start_s)
         ready = self.workdir / f"sim-{port}.json"
         ready.unlink(missing_ok=True)
