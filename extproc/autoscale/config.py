@@ -22,7 +22,7 @@ class AutoscalingConfig(Strict):
     trend_window_s: float = Field(default=60.0, gt=0, le=3600, description="samples the trend is fitted over")
     scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=3600,
                                               description="a fall in demand is reported only once it has lasted "
-                                                          "this long (the highest value of the window is reported)")
+                                                          "this long (never less than the window's highest demand)")
     max_streams: int = Field(default=64, ge=1, le=10_000, description="concurrent StreamIsActive calls")
 
     @model_validator(mode="after")

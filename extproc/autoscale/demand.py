@@ -6,8 +6,10 @@ queue, held cold-start requests included. The figure reported to KEDA adds two t
 
 - a trend: the least-squares slope of demand over `trend_window_s`, projected `predict_s` ahead when it rises
   (never when it falls: a forecast may bring capacity early, never take it away);
-- scale-down stabilisation: the highest projected demand of the last `scale_down_stabilization_s`, so a rise
-  is reported at once and a fall only once it has lasted the window (no flapping on a noisy load).
+- scale-down stabilisation: never less than the highest demand of the last `scale_down_stabilization_s`, so
+  a rise is reported at once and a fall only once it has lasted the window (no flapping on a noisy load).
+  Only the present sample is projected: a window of past projections would keep the noisiest slope's
+  forecast for the whole window.
 
 The pool is active (KEDA scales it from zero) while that figure is above zero or a request is held for it.
 """
@@ -30,7 +32,7 @@ class Estimate:
     demand: float  # requests now: engines' running + waiting, and queued here
     held: int  # of which held because the pool has no ready endpoint
     trend_per_s: float  # fitted over trend_window_s
-    value: float  # reported: the stabilised, projected demand
+    value: float  # reported: the projected demand, never below the window's highest
 
     @property
     def active(self) -> bool:
@@ -41,7 +43,6 @@ class Estimate:
 class _Sample:
     at: float
     demand: float
-    projected: float
 
 
 def slope(points: Iterable[tuple[float, float]]) -> float:
@@ -82,9 +83,9 @@ class DemandTracker:
             window = now - config.trend_window_s
             trend = slope([(s.at, s.demand) for s in samples if s.at >= window] + [(now, demand)])
         projected = max(0.0, demand + max(0.0, trend) * config.predict_s)
-        samples.append(_Sample(now, demand, projected))
+        samples.append(_Sample(now, demand))
         since = now - config.scale_down_stabilization_s
-        value = max(s.projected for s in samples if s.at >= since)
+        value = max(projected, max(s.demand for s in samples if s.at >= since))
         estimate = self._last[pool] = Estimate(demand, held, trend, value)
         return estimate
 

@@ -193,7 +193,8 @@ async def run_autoscale(args: argparse.Namespace) -> int:
     path = write_json(args.json, report)
     plot_lines(path.with_suffix(".png"), {
         "desired": [(p["t"], p["desired"]) for p in timeline],
-        "ready": [(t, float(n)) for t, n in ready],
+        "ready": [point for (t, n), (_, before) in zip(ready, [(0.0, args.start_replicas), *ready], strict=False)
+                  for point in ((t, float(before)), (t, float(n)))],  # a staircase
         "demand / target": [(p["t"], p["value"] / SEATS) for p in timeline],
     }, "seconds", "replicas", f"autoscale: 0 -> {args.peak:g}x one replica -> 0")
     print(f"report written to {path} (+ .png)")

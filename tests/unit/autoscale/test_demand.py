@@ -56,3 +56,14 @@ def test_samples_older_than_every_window_are_dropped() -> None:
     for t in range(100):
         demand.observe("p", float(t), 1.0)
     assert len(demand._samples["p"]) <= 12
+
+
+def test_a_past_forecast_is_not_held_by_the_window() -> None:
+    demand = tracker(predict_s=10, trend_window_s=3, scale_down_stabilization_s=60)
+    for t in range(4):
+        rising = demand.observe("p", float(t), 2.0 * t)
+    assert rising.value == pytest.approx(6.0 + 2.0 * 10)
+    for t in range(4, 8):
+        flat = demand.observe("p", float(t), 6.0)
+    assert flat.trend_per_s == pytest.approx(0.0)
+    assert flat.value == 6.0  # the window keeps the highest demand seen, not the forecast made on the way up
