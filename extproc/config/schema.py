@@ -201,6 +201,14 @@ class PoolConfig(Strict):
                                                     "requests wait up to this long for the first one (0 = 503 at once)")
     target_per_replica: float | None = Field(default=None, gt=0, le=100_000,
                                              description="autoscaling.target_per_replica for this pool")
+    lora_paths: dict[str, str] = Field(default_factory=dict,
+                                       description="adapters loaded on demand: name -> the path engines load it "
+                                                   "from (each one of lora_adapters)")
+    max_adapters_per_endpoint: int = Field(default=4, ge=1, le=1000,
+                                           description="adapters loaded on demand per endpoint; beyond it the "
+                                                       "least recently used one is unloaded first")
+    lora_load_timeout_s: float = Field(default=30.0, gt=0, le=600,
+                                       description="how long a request waits for its adapter to be loaded")
     sleep_after_idle_s: float = Field(default=0.0, ge=0, le=86_400,
                                       description="engines idle this long are put to sleep (vLLM sleep mode) and "
                                                   "woken when a request needs one (0 = never)")
@@ -225,10 +233,11 @@ class Policy(Strict):
     """The whole policy file."""
 
     def longest_wait_s(self) -> float:
-        """The longest a request may be held by flow control: its class's wait, or a cold pool's start."""
-        if not self.flow_control.enabled:
-            return 0.0
-        return max(self.flow_control.longest_wait_s(), *(p.cold_start_timeout_s for p in self.pools))
+        """The longest a request may be held: its class's wait, a cold pool's start, an adapter's load."""
+        waits = [p.lora_load_timeout_s for p in self.pools if p.lora_paths]
+        if self.flow_control.enabled:
+            waits += [self.flow_control.longest_wait_s(), *(p.cold_start_timeout_s for p in self.pools)]
+        return max(waits, default=0.0)
 
     def _longest_decision_s(self) -> float:
         """The longest a request may wait for its ext_proc decision (queued + the reply's timeout)."""
@@ -291,6 +300,9 @@ class Policy(Strict):
                 if pool.backup_pool is not None:
                     raise ValueError(f"pool {pool.name!r}: cold_start_timeout_s (wait for this pool's first "
                                      "endpoint) and backup_pool (send elsewhere at once) exclude each other")
+            unknown = sorted(set(pool.lora_paths) - set(pool.lora_adapters))
+            if unknown:
+                raise ValueError(f"pool {pool.name!r}: lora_paths names adapters not in lora_adapters: {unknown}")
             if pool.sleep_after_idle_s > 0 and pool.cold_start_timeout_s <= 0:
                 raise ValueError(f"pool {pool.name!r}: sleep_after_idle_s needs cold_start_timeout_s (how long a "
                                  "request waits while an engine wakes up)")

@@ -33,6 +33,7 @@ class Endpoint:
     others_in_flight: int = 0  # other service replicas' in-flight requests here (extproc.server.fleet)
     engine: EngineState = field(default_factory=EngineState)
     asleep: bool = False  # vLLM sleep mode: asleep, going to sleep or waking (extproc.endpoints.sleep)
+    adapters: frozenset[str] = frozenset()  # LoRA adapters loaded, as last seen (extproc.endpoints.adapters)
 
     def lease(self, tokens: int = 0) -> Lease:
         """A request routed here: counted in flight until the lease is released."""

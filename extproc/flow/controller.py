@@ -30,7 +30,7 @@ GO: Final = "go"
 # Queued requests expire this much before their class's max_wait_s (at most 10% of it), so that
 # event-loop lag on a busy process does not push a wait past the limit.
 EXPIRY_MARGIN_S: Final = 0.05
-Reason = Literal["saturated", "queue_full", "displaced", "timeout", "cold_start", "left"]
+Reason = Literal["saturated", "queue_full", "displaced", "timeout", "cold_start", "adapter_unavailable", "left"]
 
 
 class TimerHandle(Protocol):

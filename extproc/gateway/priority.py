@@ -35,6 +35,8 @@ def overloaded(rejected: Rejected) -> ApiError:
         message = f"The model is overloaded: no capacity within {rejected.waited_s:.1f}s; retry later"
     elif rejected.reason == "cold_start":
         message = f"The model is starting: no replica became ready within {rejected.waited_s:.1f}s; retry later"
+    elif rejected.reason == "adapter_unavailable":
+        message = "The requested adapter could not be loaded in time; retry later"
     elif rejected.reason == "queue_full":
         message = "The model is overloaded and its queue is full; retry later"
     elif rejected.reason == "displaced":

@@ -93,6 +93,8 @@ class Schedule:
         sequence = self._sequence + 1
         scheduling = self.request(caller, resolved, pool, sequence)
         candidates = self._candidates(caller, pool, scheduling)
+        if resolved.request.model in pool.config.lora_paths:  # an adapter loaded on demand: where it is loaded
+            candidates = [e for e in candidates if resolved.request.model in e.adapters] or candidates
         backup = pool.config.backup_pool
         if not candidates and backup is not None:  # no healthy endpoint: the backup pool serves
             standby = runtime.pools[backup]

@@ -20,8 +20,9 @@ from prometheus_client import CollectorRegistry
 from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import Endpoint, EndpointRegistry, MetricsScraper
+from extproc.endpoints.adapters import AdapterManager
 from extproc.endpoints.discovery import DnsDiscoverer
-from extproc.endpoints.sleep import SleepManager, SleepPool
+from extproc.endpoints.sleep import SleepManager
 from extproc.gateway import Gateway, Parts, RuntimeHolder, build_gateway
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
@@ -31,6 +32,7 @@ from extproc.rollout.controller import Rollouts
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
 from extproc.server.calibration_sync import CalibrationSync
+from extproc.server.engines import build_adapter_manager, build_sleep_manager
 from extproc.server.fleet import FleetSync
 from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
@@ -87,6 +89,7 @@ class Service:
     scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
     queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
     sleep: SleepManager | None = None  # engines of pools with sleep_after_idle_s
+    adapters: AdapterManager | None = None  # LoRA adapters of pools with lora_paths
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -110,6 +113,8 @@ class Service:
             await self.scaler.start()
         if self.sleep is not None:
             await self.sleep.start()
+        if self.adapters is not None:
+            await self.adapters.start()
         if self.queue_sync is not None:
             await self.queue_sync.start()
         if self.fleet is not None:
@@ -147,6 +152,8 @@ class Service:
             await self.scaler.stop()
         if self.sleep is not None:
             await self.sleep.stop()
+        if self.adapters is not None:
+            await self.adapters.stop()
         if self.queue_sync is not None:
             await self.queue_sync.stop()
         if self.fleet is not None:
@@ -207,6 +214,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
     service.scaler = scaler
     service.sleep = build_sleep_manager(runtimes, parts)
+    service.adapters = build_adapter_manager(runtimes, parts)
     if scaler is not None:
         flow = parts.flow
         service.queue_sync = queue_sync = build_queue_sync(
@@ -234,21 +242,6 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         access_log=None
     )
     return service
-
-
-def build_sleep_manager(runtimes: RuntimeHolder, parts: Parts) -> SleepManager:
-    """Sleep and wake-up of the engines of pools with `sleep_after_idle_s` (follows policy reloads)."""
-
-    def pools() -> list[SleepPool]:
-        runtime = runtimes.current
-        stale_s = runtime.policy.scheduling.scrape.stale_after_ms / 1000
-        return [SleepPool(p.name, p.config.sleep_after_idle_s, p.endpoints, stale_s)
-                for p in runtime.pools.values() if p.config.sleep_after_idle_s > 0]
-
-    flow = parts.flow
-    manager = SleepManager(pools, flow.queued, flow.kick)
-    flow.cold_listeners.append(manager.wanted)
-    return manager
 
 
 async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = None,
