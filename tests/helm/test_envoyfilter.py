@@ -50,6 +50,11 @@ POLICIES = {
         {"name": "chat", "model": "m-chat", "endpoints": ["10.1.0.1:8000"], "cold_start_timeout_s": 95},
         {"name": "code", "model": "m-code", "endpoints": ["10.1.0.9:9000"]},
     ]}},
+    # Adapters loaded on demand, without flow control: their wait alone sets Envoy's timers.
+    "lora-on-demand": {"policy": {"flow_control": {"enabled": False}, "pools": [
+        {"name": "chat", "model": "m-chat", "endpoints": ["10.1.0.1:8000"], "lora_adapters": ["fr"],
+         "lora_paths": {"fr": "/adapters/fr"}, "lora_load_timeout_s": 75},
+    ]}},
 }
 CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
 
