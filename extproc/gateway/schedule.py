@@ -50,7 +50,7 @@ class Schedule:
         observe(seconds)
 
     def usable(self, pool: Pool, now: float) -> list[Endpoint]:
-        return self.health.usable(pool.endpoints, now)
+        return pool.ready(self.health.usable(pool.endpoints, now))
 
     def _candidates(self, caller: Caller, pool: Pool, scheduling: SchedulingRequest) -> list[Endpoint]:
         """The usable endpoints (of the subset hint, when the gateway sent one) with room for the caller's class
@@ -67,11 +67,11 @@ class Schedule:
         if limit and len(endpoints) > limit:
             chooser = random.Random(scheduling.sequence)  # reproducible per request, like the picker's ties
             sample = runtime.scheduler.profile(pool.config.profile).narrow(scheduling, endpoints, limit, chooser)
-            with_room = [e for e in self.health.usable(sample, now)
+            with_room = [e for e in pool.ready(self.health.usable(sample, now))
                          if (room := load.room(e, now, reserve)) is None or room > 0]
             if with_room:
                 return with_room
-        candidates = self.health.usable(endpoints, now)
+        candidates = pool.ready(self.health.usable(endpoints, now))
         if caller.klass and len(candidates) > 1:
             with_room = [e for e in candidates if (room := load.room(e, now, reserve)) is None or room > 0]
             candidates = with_room or candidates
@@ -107,6 +107,8 @@ class Schedule:
         picker = runtime.policy.mode == "endpoint-picker"
         if caller.head.subset is not None and not candidates:  # the protocol: nothing in the hint is eligible
             raise oai.no_capacity(pool.name, subset=True)
+        if resolved.request.model in pool.config.lora_paths:  # an adapter loaded on demand: where it is loaded
+            candidates = [e for e in candidates if resolved.request.model in e.adapters] or candidates
         backup = pool.config.backup_pool
         if not candidates and backup is not None:  # no healthy endpoint: the backup pool serves
             standby = runtime.pools[backup]

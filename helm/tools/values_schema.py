@@ -89,6 +89,18 @@ def chart_values() -> dict[str, Any]:
                                "maxReplicas": {"type": "integer", "minimum": 1},
                                "targetCPUUtilizationPercentage": {"type": "integer", "minimum": 1, "maximum": 100},
                                "behavior": OPEN}),
+        "keda": strict({
+            "enabled": BOOL, "triggerType": {"enum": ["external-push", "external"]}, "scalerAddress": STRING,
+            "pollingInterval": {"type": "integer", "minimum": 1}, "cooldownPeriod": {"type": "integer", "minimum": 0},
+            "pools": {"type": "array", "items": strict({
+                "pool": {"type": "string", "minLength": 1},
+                "scaleTargetRef": {"type": "object", "required": ["name"]},
+                "minReplicaCount": {"type": "integer", "minimum": 0},
+                "maxReplicaCount": {"type": "integer", "minimum": 1},
+                "pollingInterval": {"type": "integer", "minimum": 1},
+                "cooldownPeriod": {"type": "integer", "minimum": 0},
+            }, ("pool", "scaleTargetRef"))},
+        }),
         "serviceMonitor": strict({"enabled": BOOL, "interval": STRING, "scrapeTimeout": STRING, "labels": LABELS}),
         "dashboards": strict({"enabled": BOOL, "namespace": STRING, "labels": LABELS, "annotations": LABELS}),
         "nodeSelector": LABELS,
