@@ -195,6 +195,10 @@ class PoolConfig(Strict):
     max_num_seqs: int | None = Field(default=None, ge=1, le=100_000,
                                      description="the engines' --max-num-seqs: at most this many requests per endpoint "
                                                  "before flow control holds them (default: learned from the engines)")
+    image_tokens: int = Field(default=1024, ge=0, le=100_000,
+                              description="prompt tokens one image part is estimated to cost on this pool's model")
+    audio_tokens: int = Field(default=750, ge=0, le=100_000,
+                              description="prompt tokens one audio part is estimated to cost on this pool's model")
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:

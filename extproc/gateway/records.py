@@ -23,6 +23,7 @@ from extproc.gateway.types import RequestHead, Respond, Route
 from extproc.gateway.usage import encode_reservation
 from extproc.limits.types import LimitState, Reservation
 from extproc.openai import Api, ApiError, InferenceRequest
+from extproc.openai.apis import SHAPES
 from extproc.tenants import ANONYMOUS, Tenant
 
 __all__ = ["JSON_HEADERS", "Admitted", "Caller", "Exchange", "RequestIds", "Resolved", "Routed", "error_response",
@@ -113,9 +114,11 @@ class Exchange:
         return self.caller.runtime if self.caller is not None else None
 
 
-def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> Respond:
-    return Respond(error.status, error.body(), JSON_HEADERS + error.headers, details=error.code or error.type,
-                   metadata=metadata)
+def error_response(error: ApiError, metadata: dict[str, Any] | None = None, api: Api | None = None) -> Respond:
+    """The refusal in the API's own error shape (Anthropic's on the Messages path, else OpenAI's)."""
+    anthropic = api is not None and SHAPES[api].anthropic_errors
+    return Respond(error.status, error.body(anthropic), JSON_HEADERS + error.headers,
+                   details=error.code or error.type, metadata=metadata)
 
 
 def who(caller: Caller, resolved: Resolved | None = None) -> dict[str, Any]:
@@ -143,10 +146,11 @@ def route_metadata(caller: Caller, resolved: Resolved, pool: str, admitted: Admi
     return meta
 
 
-def refusal(exchange: Exchange, error: ApiError) -> Respond:
-    """The exchange ends with `error`, OpenAI-shaped, before reaching any model."""
+def refusal(exchange: Exchange, error: ApiError, api: Api | None = None) -> Respond:
+    """The exchange ends with `error`, in its API's shape, before reaching any model (`api`: the path's, when
+    the caller is not known yet)."""
     exchange.outcome = f"rejected_{error.status}"
     exchange.status = error.status
     caller = exchange.caller
     meta = who(caller, exchange.resolved) if caller is not None else {"request_id": exchange.request_id}
-    return error_response(error, meta)
+    return error_response(error, meta, caller.api if caller is not None else api)

@@ -56,6 +56,8 @@ class Resolve:
         if capped is not None:
             request, changed = capped, True
         estimate = estimate_chars(len(request.prompt_text) + request.extra_prompt_chars)
+        if request.images or request.audios:  # media are not text: a per-part figure of the pool's model
+            estimate += request.images * pool.image_tokens + request.audios * pool.audio_tokens
         prompt = reserved = estimate
         if limits.calibrate_prompt_tokens:  # the fit for scheduling; its upper bound for reservations
             prompt = self.calibration.tokens(pool.name, estimate)

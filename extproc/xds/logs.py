@@ -28,12 +28,29 @@ def extproc_grpc_service(policy: Policy) -> dict[str, Any]:
 USAGE_NAMESPACE = "extproc.usage"
 
 
-def _usage_rules() -> list[dict[str, Any]]:
-    """usage.prompt_tokens / usage.completion_tokens -> dynamic metadata `extproc.usage`."""
+# Where each response shape reports its tokens -> the key of `extproc.usage` they go to. One response has one
+# shape, so the rules never compete: OpenAI's `usage.prompt_tokens` (chat, completions, embeddings; the last
+# chunk of a stream); Anthropic's and Responses' `usage.input_tokens` (a JSON body, and Anthropic's final
+# `message_delta` event, which vLLM sends with both counts); a streamed Response's `response.completed` event.
+_USAGE_PATHS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("usage", "prompt_tokens"), "prompt_tokens"),
+    (("usage", "completion_tokens"), "completion_tokens"),
+    (("usage", "input_tokens"), "prompt_tokens"),
+    (("usage", "output_tokens"), "completion_tokens"),
+)
+_STREAM_ONLY_PATHS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("response", "usage", "input_tokens"), "prompt_tokens"),
+    (("response", "usage", "output_tokens"), "completion_tokens"),
+)
+
+
+def _usage_rules(stream: bool = False) -> list[dict[str, Any]]:
+    """Usage tokens -> dynamic metadata `extproc.usage` (prompt_tokens, completion_tokens)."""
+    paths = _USAGE_PATHS + (_STREAM_ONLY_PATHS if stream else ())
     return [
-        {"selectors": [{"key": "usage"}, {"key": key}],
-         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": key, "type": "NUMBER"}}
-        for key in ("prompt_tokens", "completion_tokens")
+        {"selectors": [{"key": key} for key in path],
+         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": target, "type": "NUMBER"}}
+        for path, target in paths
     ]
 
 
@@ -58,7 +75,7 @@ def usage_filters() -> list[dict[str, Any]]:
                     "name": "envoy.content_parsers.json",
                     "typed_config": {
                         "@type": _T + "extensions.content_parsers.json.v3.JsonContentParser",
-                        "rules": [{"rule": rule} for rule in _usage_rules()],
+                        "rules": [{"rule": rule} for rule in _usage_rules(stream=True)],
                     },
                 }},
             },
