@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from extproc.openai.apis import Api
+from extproc.openai.apis import SHAPES, Api
 from extproc.openai.errors import bad_request
 
 __all__ = ["AUDIO_PARTS", "BILLING_HEADER", "IMAGE_PARTS", "content_text", "media_parts", "turns"]
@@ -120,9 +120,10 @@ def _responses_turns(document: dict[str, Any]) -> list[Turn]:
 
 def turns(api: Api, document: dict[str, Any]) -> list[Turn]:
     """The conversation of a chat-like request, in the order the engine's template renders it."""
-    if api is Api.MESSAGES:
+    dialect = SHAPES[api].dialect
+    if dialect == "anthropic":
         return _anthropic_turns(document)
-    if api is Api.RESPONSES:
+    if dialect == "responses":
         return _responses_turns(document)
     messages = _messages(document, "messages")
     for message in messages:

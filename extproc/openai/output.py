@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from extproc.openai.apis import Api
+from extproc.openai.apis import SHAPES, Api
 from extproc.openai.errors import ApiError, bad_request
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "OutputBound", "cap_document", "output_bound"]
@@ -55,7 +55,7 @@ def _prompt_count(api: Api, document: dict[str, Any]) -> int:
 
 def output_bound(api: Api, document: dict[str, Any], max_choices: int) -> OutputBound:
     """(per-sequence token bound or None, number of sequences); raises ApiError(400) on invalid fields."""
-    if api is Api.EMBEDDINGS:
+    if not SHAPES[api].generates:
         return 0, 1
     if api is Api.MESSAGES:
         if document.get("max_tokens") is None:
@@ -88,7 +88,7 @@ def output_bound(api: Api, document: dict[str, Any], max_choices: int) -> Output
 def cap_document(api: Api, document: dict[str, Any], bound: int | None, cap: int) -> bool:
     """Write `cap` into the fields the engine reads when `bound` (from `output_bound`) is None or above it;
     changes `document` in place and says whether it did."""
-    if api is Api.EMBEDDINGS or (bound is not None and bound <= cap):
+    if not SHAPES[api].generates or (bound is not None and bound <= cap):
         return False
     if api in _SINGLE_FIELD:
         document[_SINGLE_FIELD[api]] = cap

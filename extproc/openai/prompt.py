@@ -36,7 +36,14 @@ PROMPT_FIELDS: dict[Api, tuple[str, ...]] = {
     Api.EMBEDDINGS: ("input", "messages", "chat_template", "chat_template_kwargs"),
     Api.MESSAGES: ("system", "messages", "tools", "tool_choice", "chat_template_kwargs"),
     Api.RESPONSES: ("instructions", "input", "tools", "tool_choice", "text", "previous_response"),
+    Api.RERANK: ("query", "documents", "instruction"),
+    Api.SCORE: ("text_1", "text_2", "queries", "documents", "items", "data_1", "data_2"),
+    # The tokenizer alone: no model reads these, so there is nothing to screen or to hash for a prefix.
+    Api.COUNT_TOKENS: (),
+    Api.TOKENIZE: (),
+    Api.DETOKENIZE: (),
 }
+_SCORING = frozenset({Api.RERANK, Api.SCORE})
 # The fields `prompt_text` reads; the others count as extra prompt characters.
 _TEXT_FIELDS = frozenset({"messages", "prompt", "input", "system", "instructions"})
 # Content parts that are not text (their strings are URLs or base64 data).
@@ -71,6 +78,15 @@ def prompt_text(api: Api, document: dict[str, Any]) -> str:
     """The prompt as one text (chat: role-tagged messages): what prefix hashing and estimates read."""
     if api in _CONVERSATIONS:
         return _joined(turns(api, document))
+    if api in _SCORING:  # every text of the query and the documents, in document order
+        said, _ = prompt_slots(api, document)
+        text = "\n".join(container[key] for container, key in said)
+        if not text:
+            raise bad_request(f"the {api.value} request names no text to score", "invalid_value",
+                              PROMPT_FIELDS[api][0])
+        return text
+    if not PROMPT_FIELDS[api]:
+        return ""
     key = "prompt" if api is Api.COMPLETIONS else "input"
     prompt = document.get(key)
     if isinstance(prompt, str):
@@ -123,6 +139,8 @@ def _length(slots: Iterator[Slot]) -> int:
 def extra_prompt_chars(api: Api, document: dict[str, Any]) -> int:
     """Characters of prompt text outside `prompt_text` (message names, tool calls, tool definitions,
     documents, templates, suffix): the token estimate counts them too."""
+    if api in _SCORING:  # prompt_text holds all of it
+        return 0
     total = 0
     if api is Api.CHAT:
         for message in document.get("messages") or ():

@@ -161,8 +161,8 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int, **li
 def cap_output_tokens(request: InferenceRequest, cap: int) -> InferenceRequest | None:
     """The request with every sequence limited to `cap` tokens, written into the fields the engine reads
     (the document is changed in place), or None when it already asks for at most `cap`. Embeddings have no
-    output to cap."""
-    if request.api is Api.EMBEDDINGS or not cap_document(request.api, request.document, request.max_output_tokens,
+    output to cap (nor have scoring or the tokenizer)."""
+    if not SHAPES[request.api].generates or not cap_document(request.api, request.document, request.max_output_tokens,
                                                          cap):
         return None
     return replace(request, max_output_tokens=cap)

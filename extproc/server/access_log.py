@@ -155,9 +155,9 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         if (self._on_prompt_usage is not None and report.pool and report.prompt_estimate
                 and report.prompt_tokens):
             self._on_prompt_usage(report.pool, report.prompt_estimate, report.prompt_tokens)
-        if report.prompt_tokens is not None and report.completion_tokens is not None:
+        if report.prompt_tokens is not None:  # alone: a shape that generates nothing (see settlement)
             self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
-            self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)
+            self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens or 0)
         elif report.reservation:
             self._metrics.usage_missing.labels(pool).inc()
         if report.pool:

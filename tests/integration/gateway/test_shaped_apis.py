@@ -1,7 +1,7 @@
-"""Anthropic Messages and OpenAI Responses through real Envoy + service + simulator: routing (alias rewritten),
-streamed and JSON, usage settled exactly from each response shape, a 429 from a token limit and a bad request
-in the API's own error shape, `anthropic-version` passed through, a Responses conversation kept on the endpoint
-that stores it."""
+"""Anthropic Messages, OpenAI Responses, rerank/score and the tokenizer through real Envoy + service + simulator:
+routing (alias rewritten), streamed and JSON, usage settled exactly from each response shape, a 429 from a token
+limit and a bad request in the API's own error shape, `anthropic-version` passed through, a Responses
+conversation kept on the endpoint that stores it."""
 
 from __future__ import annotations
 
@@ -24,7 +24,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 POOL = SimPool("chat", "org/chat", 2, aliases=("chat",))
 KEYS = {"day": "tenant-day-budget", "small": "tenant-small", "free": "tenant-free"}
-PATHS = {"messages": "/v1/messages", "responses": "/v1/responses"}
+PATHS = {"messages": "/v1/messages", "responses": "/v1/responses", "rerank": "/v1/rerank", "score": "/v1/score",
+         "tokenize": "/tokenize", "detokenize": "/detokenize", "count_tokens": "/v1/messages/count_tokens"}
+DOCUMENTS = ["prefix caching keeps KV blocks", "bananas are yellow", "the scheduler batches requests"]
 
 
 def keys_file() -> str:
@@ -92,6 +94,18 @@ async def settled_tokens(stack: Stack) -> float:
                if line.startswith("extproc_usage_tokens_total{") and 'pool="chat"' in line)
 
 
+async def quiet_total(stack: Stack) -> float:
+    """The usage total once earlier tests' access-log entries have arrived: unchanged across 0.3 s (bounded)."""
+    last = await settled_tokens(stack)
+    for _ in range(20):
+        await asyncio.sleep(0.3)
+        now = await settled_tokens(stack)
+        if now == last:
+            break
+        last = now
+    return last
+
+
 async def wait_settled(stack: Stack, before: float, tokens: int) -> None:
     """Until the access log brought `tokens` more usage tokens (bounded)."""
     for _ in range(100):
@@ -106,6 +120,7 @@ async def wait_settled(stack: Stack, before: float, tokens: int) -> None:
 async def test_routed_and_settled_exactly(stack: Stack, http: aiohttp.ClientSession, api: str, stream: bool) -> None:
     payload = body(api, tokens=40, stream=stream, text=f"{api} {stream}: explain prefix caching.")
     remaining = []
+    await quiet_total(stack)
     for _ in range(3):
         before = await settled_tokens(stack)
         status, headers, reply = await post(http, stack, api, "day", payload)
@@ -195,3 +210,42 @@ async def test_a_conversation_stays_on_the_endpoint_that_stores_it(stack: Stack,
     forged = {**body("responses"), "previous_response_id": "resp_" + "0" * 40}
     status, _, reply = await post(http, stack, "responses", "free", forged)
     assert status == 404 and "not found" in reply["error"]["message"]
+
+
+@pytest.mark.parametrize("api", ["rerank", "score"])
+async def test_scoring_routed_and_settled_exactly(stack: Stack, http: aiohttp.ClientSession, api: str) -> None:
+    payload: dict[str, Any] = {"model": "chat", "query": f"{api}: what is prefix caching?", "documents": DOCUMENTS}
+    if api == "score":
+        payload = {"model": "chat", "text_1": payload["query"], "text_2": DOCUMENTS}
+    remaining = []
+    await quiet_total(stack)
+    for _ in range(3):
+        before = await settled_tokens(stack)
+        status, headers, reply = await post(http, stack, api, "day", payload)
+        assert status == 200, reply
+        assert reply["model"] == "org/chat"
+        used = reply["usage"]["prompt_tokens"]  # rerank's usage has no completion_tokens: it generates nothing
+        remaining.append((int(headers["x-ratelimit-remaining-tokens"]), used))
+        await wait_settled(stack, before, used)
+    for (first, used), (second, _) in itertools.pairwise(remaining):
+        assert first - second == used
+    too_many = {**payload, "documents": DOCUMENTS * 20} if api == "rerank" else {**payload, "text_2": DOCUMENTS * 20}
+    status, _, reply = await post(http, stack, api, "small", too_many)
+    assert status == 429 and reply["error"]["code"] == "request_too_large_for_limit"
+    status, _, reply = await post(http, stack, api, "free", {"model": "chat", "top_n": 2})
+    assert status == 400 and reply["error"]["code"] == "invalid_value"
+
+
+async def test_tokenizer_is_routed_and_spends_no_token_budget(stack: Stack, http: aiohttp.ClientSession) -> None:
+    long_prompt = "tokens " * 2000  # far more than the small tenant's 120 tokens per minute
+    status, _, reply = await post(http, stack, "tokenize", "small", {"model": "chat", "prompt": long_prompt})
+    assert status == 200 and reply["count"] >= 2000
+    status, _, back = await post(http, stack, "detokenize", "small", {"model": "chat", "tokens": reply["tokens"][:5]})
+    assert status == 200 and isinstance(back["prompt"], str)  # (the simulator's vocabulary is per replica)
+    status, _, counted = await post(http, stack, "count_tokens", "small", {
+        "model": "chat", "system": "You are terse.", "messages": [{"role": "user", "content": long_prompt}]})
+    assert status == 200 and counted["input_tokens"] > 2000
+    status, _, reply = await post(http, stack, "tokenize", "free", {"prompt": "no model"})
+    assert status == 400 and reply["error"]["code"] == "missing_model"  # the model picks the pool
+    status, _, reply = await post(http, stack, "count_tokens", "free", {"model": "unknown", "messages": []})
+    assert status == 404 and reply["error"]["type"] == "not_found_error"
