@@ -62,7 +62,7 @@ def test_errors_take_the_shape_of_the_path() -> None:
     assert json.loads(refused.body)["type"] == "error"
     missing = decide(harness, "/v1/messages", {"model": "nope", "max_tokens": 3, "messages": []})
     assert isinstance(missing, Respond) and json.loads(missing.body)["error"]["type"] == "not_found_error"
-    exchange, early = harness.headers(RequestHead("GET", "/v1/messages", {}))
+    _, early = harness.headers(RequestHead("GET", "/v1/messages", {}))
     assert early is not None and json.loads(early.body)["error"]["type"] == "invalid_request_error"
     openai = decide(harness, "/v1/responses", {"model": "nope", "input": "x"})
     assert isinstance(openai, Respond) and json.loads(openai.body)["error"]["code"] == "model_not_found"
