@@ -3,6 +3,7 @@ sessions that the gateway parses, whose every turn extends the previous turn's p
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections import defaultdict
 
@@ -31,7 +32,7 @@ def test_sessions_are_valid_requests_whose_prompts_grow_turn_by_turn() -> None:
     assert len(billing) > 50  # Claude Code's per-request hash changes every time...
     grew = 0
     for turns in prompts.values():
-        for before, after in zip(turns, turns[1:], strict=False):
+        for before, after in itertools.pairwise(turns):
             assert after.startswith(before)  # ...yet what prefix affinity hashes extends the previous turn
             assert set(prefix_blocks(before)) <= set(prefix_blocks(after))
             grew += 1
