@@ -13,15 +13,14 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["ErrorKind", "HttpClient", "RequestError", "Response"]
 
 ErrorKind = Literal["connect", "timeout", "reset", "protocol"]
 Headers = Sequence[tuple[str, str]] | Mapping[str, str]
 
-# `delta`: a Responses stream's text event (`response.output_text.delta`); Anthropic's deltas carry `text`.
-_CONTENT_KEYS = (b'"content"', b'"text"', b'"reasoning_content"', b'"arguments"', b'"delta"')
+_CONTENT_KEYS = (b'"content"', b'"text"', b'"reasoning_content"', b'"arguments"', b'"delta"')  # delta: Responses
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
@@ -78,23 +77,17 @@ def _carries_content(payload: bytes) -> bool:
 
 
 def _usage(payload: bytes) -> tuple[int | None, int | None] | None:
-    """(prompt_tokens, completion_tokens) from a JSON object with a non-null `usage` (or a Responses event's
-    `response.usage`), else None."""
+    """(prompt_tokens, completion_tokens) from a JSON object's non-null `usage` (or `response.usage`), else None."""
     j = _value_index(payload, b'"usage"')
     if j < 0 or payload[j] != 0x7B:  # '{'
         return None
     try:
         parsed = json.loads(payload)
-        usage = parsed.get("usage")
-        if usage is None and isinstance(parsed.get("response"), dict):  # Responses: response.completed
-            usage = parsed["response"].get("usage")
-    except (ValueError, AttributeError):
+        usage: Any = parsed.get("usage") or (parsed.get("response") or {}).get("usage")
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # OpenAI's, else Anthropic's/Responses'
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    except (ValueError, AttributeError):  # not JSON, or no usage object
         return None
-    if not isinstance(usage, dict):
-        return None
-    # OpenAI's names, else Anthropic's and Responses' (input/output_tokens).
-    prompt = usage.get("prompt_tokens", usage.get("input_tokens"))
-    completion = usage.get("completion_tokens", usage.get("output_tokens"))
     return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
 
 

@@ -24,6 +24,7 @@ from extproc.scheduling.config import (
     ProfileConfig,
     SchedulingConfig,
 )
+from extproc.telemetry.tracing_config import TracingConfig
 
 # Every section's model, importable from here (each is defined once, in the package that owns the section).
 __all__ = [
@@ -241,6 +242,7 @@ class Policy(Strict):
     saturation: SaturationConfig = SaturationConfig()
     audit: AuditConfig = AuditConfig()
     guard: GuardConfig = GuardConfig()
+    tracing: TracingConfig = TracingConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 

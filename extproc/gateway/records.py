@@ -27,7 +27,11 @@ from extproc.openai.apis import SHAPES
 from extproc.tenants import ANONYMOUS, Tenant
 
 __all__ = ["JSON_HEADERS", "Admitted", "Caller", "Exchange", "RequestIds", "Resolved", "Routed", "error_response",
-           "refusal", "route_metadata", "who"]
+           "refusal", "route_metadata", "trace_attributes", "who"]
+
+# gen_ai.operation.name per API (OpenTelemetry GenAI semantic conventions); other APIs use their own name.
+_OPERATIONS = {Api.CHAT: "chat", Api.MESSAGES: "chat", Api.RESPONSES: "chat", Api.COMPLETIONS: "text_completion",
+               Api.EMBEDDINGS: "embeddings"}
 
 JSON_HEADERS = (("content-type", "application/json"),)
 
@@ -154,3 +158,30 @@ def refusal(exchange: Exchange, error: ApiError, api: Api | None = None) -> Resp
     caller = exchange.caller
     meta = who(caller, exchange.resolved) if caller is not None else {"request_id": exchange.request_id}
     return error_response(error, meta, caller.api if caller is not None else api)
+
+
+def trace_attributes(exchange: Exchange, now: float) -> dict[str, Any]:
+    """What a decision span records of the exchange (GenAI conventions where they apply, else `extproc.*`)."""
+    attributes: dict[str, Any] = {"extproc.request_id": exchange.request_id, "extproc.outcome": exchange.outcome,
+                                  "http.response.status_code": exchange.status}
+    caller = exchange.caller
+    if caller is not None:
+        attributes.update({"gen_ai.operation.name": _OPERATIONS.get(caller.api, caller.api.value),
+                           "gen_ai.provider.name": "vllm", "extproc.api": caller.api.value,
+                           "extproc.tenant": caller.tenant.name, "extproc.priority_class": caller.klass or None})
+    resolved = exchange.resolved
+    if resolved is not None:
+        request = resolved.request
+        attributes.update({"gen_ai.request.model": request.model, "gen_ai.request.max_tokens": request.output_tokens,
+                           "extproc.pool": resolved.pool.name, "extproc.profile": resolved.pool.profile,
+                           "extproc.prompt_tokens_estimate": resolved.prompt_tokens,
+                           "extproc.reserved_tokens": resolved.tokens if exchange.admitted is not None else None,
+                           "extproc.stream": request.stream})
+    routed = exchange.routed
+    if routed is not None:
+        attributes.update({"extproc.pool": routed.pool, "server.address": routed.route.endpoints[0],
+                           "extproc.fallbacks": ",".join(routed.route.endpoints[1:]),
+                           # From the request headers to the pick: parsing, limits and any admission queue wait.
+                           "extproc.decision_ms": round((routed.at - exchange.started) * 1000, 3)})
+    attributes["extproc.exchange_ms"] = round((now - exchange.started) * 1000, 3)
+    return attributes

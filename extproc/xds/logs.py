@@ -8,10 +8,11 @@ from typing import Any
 from extproc.config import Policy
 from extproc.config.secrets import GRPC_TOKEN_METADATA, read_secret
 
-__all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "USAGE_NAMESPACE", "access_log", "extproc_grpc_service",
-           "usage_filters"]
+__all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "OTEL_CLUSTER", "USAGE_NAMESPACE", "access_log", "envoy_tracing",
+           "extproc_grpc_service", "otel_cluster", "usage_filters"]
 
 EXTPROC_CLUSTER = "extproc"
+OTEL_CLUSTER = "otel_collector"
 _T = "type.googleapis.com/envoy."
 
 
@@ -135,3 +136,39 @@ def access_log(policy: Policy) -> list[dict[str, Any]]:
             },
         })
     return logs
+
+
+def envoy_tracing(policy: Policy) -> dict[str, Any] | None:
+    """Envoy's own OpenTelemetry tracer (policy `tracing` with `envoy: true`): its spans go to the same
+    collector at the same ratio; it passes its trace context to the engine and, on the ext_proc stream's gRPC
+    metadata, to our service, whose decision span joins the trace."""
+    tracing = policy.tracing
+    if not (tracing.enabled and tracing.envoy):
+        return None
+    return {
+        "random_sampling": {"value": tracing.sample_ratio * 100},
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": _T + "config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"envoy_grpc": {"cluster_name": OTEL_CLUSTER}, "timeout": "1s"},
+            "service_name": "envoy",
+        }},
+    }
+
+
+def otel_cluster(policy: Policy) -> dict[str, Any] | None:
+    """The OTLP/gRPC collector's cluster, when Envoy traces."""
+    if envoy_tracing(policy) is None:
+        return None
+    host, _, port = policy.tracing.otlp_endpoint.rpartition(":")
+    return {
+        "@type": _T + "config.cluster.v3.Cluster",
+        "name": OTEL_CLUSTER,
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }},
+        "load_assignment": {"cluster_name": OTEL_CLUSTER, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}}}]}]},
+    }

@@ -168,3 +168,19 @@ def test_local_replies_on_the_messages_path_are_anthropic_shaped() -> None:
         assert anthropic["filter"]["and_filter"]["filters"][0] == openai["filter"]
         assert anthropic["body_format_override"]["json_format"]["type"] == "error"
         assert "code" in openai["body_format_override"]["json_format"]["error"]
+
+
+def test_envoy_tracer_is_rendered_only_with_tracing_on() -> None:
+    def hcm_and_clusters(extra: str) -> tuple[dict[str, Any], list[str]]:
+        static = render_static(parse_policy(POLICY_TEXT + extra))["static_resources"]
+        hcm = static["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        return hcm, [c["name"] for c in static["clusters"]]
+
+    hcm, clusters = hcm_and_clusters("")
+    assert "tracing" not in hcm and "otel_collector" not in clusters
+    hcm, clusters = hcm_and_clusters("tracing: {enabled: true, otlp_endpoint: '10.1.2.3:4317', sample_ratio: 0.05}\n")
+    assert hcm["tracing"]["random_sampling"] == {"value": 5.0}
+    assert hcm["tracing"]["provider"]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "otel_collector"
+    assert "otel_collector" in clusters
+    hcm, clusters = hcm_and_clusters("tracing: {enabled: true, envoy: false}\n")
+    assert "tracing" not in hcm and "otel_collector" not in clusters
