@@ -125,12 +125,13 @@ def turns(api: Api, document: dict[str, Any]) -> list[Turn]:
         return _anthropic_turns(document)
     if dialect == "responses":
         return _responses_turns(document)
-    messages = _messages(document, "messages")
-    for message in messages:
-        if not isinstance(message, dict):
+    out: list[Turn] = []
+    for message in _messages(document, "messages"):
+        if type(message) is not dict:
             raise bad_request("each message must be an object", "invalid_value", "messages")
-    return [(message.get("role") if isinstance(message.get("role"), str) else "", message.get("content"))
-            for message in messages]
+        role = message.get("role")
+        out.append((role if type(role) is str else "", message.get("content")))
+    return out
 
 
 def media_parts(conversation: list[Turn]) -> tuple[int, int]:

@@ -68,10 +68,27 @@ def _joined(conversation: list[tuple[str, Any]]) -> str:
 
 def prompt_view(api: Api, document: dict[str, Any]) -> tuple[str, tuple[int, int]]:
     """`prompt_text`, and the (image, audio) parts of a conversation, from one reading of it."""
-    if api in _CONVERSATIONS:
-        conversation = turns(api, document)
-        return _joined(conversation), media_parts(conversation)
-    return prompt_text(api, document), (0, 0)
+    if api not in _CONVERSATIONS:
+        return prompt_text(api, document), (0, 0)
+    if api is Api.CHAT:  # the common case, in one pass (the same reading as `turns`)
+        messages = document.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("'messages' must be a non-empty array", "invalid_value", "messages")
+        conversation: list[tuple[str, Any]] = []
+        pieces: list[str] = []
+        for message in messages:
+            if type(message) is not dict:
+                raise bad_request("each message must be an object", "invalid_value", "messages")
+            role, content = message.get("role"), message.get("content")
+            role = role if type(role) is str else ""
+            if type(content) is str:
+                pieces.append(f"<|{role}|>{content}")
+            else:  # parts (only those can hold media): walked once more for them
+                conversation.append((role, content))
+                pieces.append(f"<|{role}|>{content_text(content)}")
+        return "\n".join(pieces), media_parts(conversation) if conversation else (0, 0)
+    conversation = turns(api, document)
+    return _joined(conversation), media_parts(conversation)
 
 
 def prompt_text(api: Api, document: dict[str, Any]) -> str:
