@@ -42,6 +42,8 @@ class SchedulingConfig(Strict):
     plugins: tuple[PluginConfig, ...] = ()
     profiles: tuple[ProfileConfig, ...] = ()
     scrape: ScrapeConfig = ScrapeConfig()
+    # A pool larger than this is scheduled over its nominated endpoints plus a random sample (0: never).
+    max_candidates: int = Field(default=16, ge=0)
 
     @model_validator(mode="after")
     def _references(self) -> SchedulingConfig:

@@ -11,8 +11,9 @@ Two signals, highest wins:
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,9 @@ from extproc.scheduling.prefix import rendezvous
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "prefix-affinity-scorer"
+NOMINEES = 4  # ranked endpoints a request's anchor nominates when a large pool is scheduled over a sample
+RANKS_KEPT = 4096  # anchors whose ranking is remembered per endpoint set (LRU)
+POOLS_KEPT = 16  # endpoint sets (pools, versions) with remembered rankings
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,9 @@ class PrefixAffinityScorer:
         self.name = name
         self.params = params
         self._index: OrderedDict[int, str] = OrderedDict()  # block hash -> endpoint address
+        # id(endpoint set) -> (that set, its endpoints by address, anchor -> top NOMINEES of the set)
+        self._ranks: OrderedDict[int, tuple[Sequence[Endpoint], dict[str, Endpoint],
+                                            OrderedDict[int, list[Endpoint]]]] = OrderedDict()
 
     def ranking(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
         """Endpoint indexes in rendezvous order for this request's anchor."""
@@ -63,17 +70,43 @@ class PrefixAffinityScorer:
             scores[eligible[0]] = 1.0
             if len(eligible) > 1:
                 scores[eligible[1]] = self.params.spill_score
-        learned = self._learned(blocks, endpoints)
+        learned = self._learned(blocks, {e.address for e in endpoints}, len(endpoints))
         return [max(s, learned.get(e.address, 0.0)) for s, e in zip(scores, endpoints, strict=True)]
 
-    def _learned(self, blocks: tuple[int, ...], endpoints: Sequence[Endpoint]) -> dict[str, float]:
-        """Fraction of the prompt's blocks each endpoint was last sent (longest chain match, deepest first)."""
-        present = {e.address for e in endpoints}
+    def nominate(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        """The anchor's best-ranked endpoints of the whole set and those that served deeper matches, so that a
+        sample of a large pool still holds the prefix's home (rankings remembered per anchor: not rehashed
+        over every endpoint per request)."""
+        blocks = request.prefix_blocks
+        if len(blocks) < self.params.min_blocks or not blocks:
+            return []
+        known = self._ranks.get(id(endpoints))
+        if known is None or known[0] is not endpoints:
+            known = (endpoints, {e.address: e for e in endpoints}, OrderedDict())
+            self._ranks[id(endpoints)] = known
+            while len(self._ranks) > POOLS_KEPT:
+                self._ranks.popitem(last=False)
+        self._ranks.move_to_end(id(endpoints))
+        _, by_address, ranked = known
+        anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
+        top = ranked.get(anchor)
+        if top is None:
+            top = ranked[anchor] = heapq.nlargest(NOMINEES, endpoints, key=lambda e: rendezvous(anchor, e.address))
+            if len(ranked) > RANKS_KEPT:
+                ranked.popitem(last=False)
+        else:
+            ranked.move_to_end(anchor)
+        learned = self._learned(blocks, by_address, len(by_address))
+        return [*top, *(by_address[address] for address in learned)]
+
+    def _learned(self, blocks: tuple[int, ...], present: Container[str], size: int) -> dict[str, float]:
+        """Fraction of the prompt's blocks each endpoint of `present` (`size` of them) was last sent (longest
+        chain match, deepest first)."""
         found: dict[str, float] = {}
         total = len(blocks)
         # Probe a few depths from the deepest down: chained hashes mean a match at depth d implies d-1.
         depth = total
-        while depth > 0 and len(found) < len(present):
+        while depth > 0 and len(found) < size:
             address = self._index.get(blocks[depth - 1])
             if address is not None and address in present and address not in found:
                 found[address] = depth / total
