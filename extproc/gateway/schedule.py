@@ -110,7 +110,8 @@ class Schedule:
         fields: dict[str, str] | None = None
         if request.api is Api.RESPONSES:  # stored responses live on the endpoint that served them
             if request.previous_response_id is not None:
-                home = pinned_endpoint(request.previous_response_id, config.name, candidates)
+                # Any usable endpoint of the pool (not only this decision's candidates, a sample in large pools).
+                home = pinned_endpoint(request.previous_response_id, config.name, self.usable(pool, now))
                 if home is not None:
                     picked = [home, *(e for e in picked if e is not home)][:1 + config.fallbacks]
             fields = {"request_id": new_response_id(config.name, picked[0].address)}

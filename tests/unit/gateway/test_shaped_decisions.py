@@ -86,3 +86,16 @@ def test_responses_ids_are_the_gateways_and_continuations_stay_home() -> None:
     other = decide(harness, "/v1/chat/completions", {"model": "chat", "messages": [{"role": "user", "content": "x"}],
                                                       "request_id": "kept"})
     assert isinstance(other, Route) and json.loads(other.body or b"{}")["request_id"] == "kept"  # Responses only
+
+
+def test_continuations_find_home_in_a_pool_larger_than_the_candidate_sample() -> None:
+    endpoints = ", ".join(f'"10.0.{i // 200}.{i % 200 + 1}:8000"' for i in range(64))
+    harness = Harness(f"pools:\n  - name: chat\n    model: org/chat-8b\n    endpoints: [{endpoints}]\n")
+    first = decide(harness, "/v1/responses", {"model": "org/chat-8b", "input": "hi"})
+    assert isinstance(first, Route) and first.body is not None
+    response_id, home = json.loads(first.body)["request_id"], first.endpoints[0]
+    for turn in range(10):
+        follow = decide(harness, "/v1/responses", {"model": "org/chat-8b", "input": f"unrelated text {turn}",
+                                                   "previous_response_id": response_id})
+        assert isinstance(follow, Route) and follow.endpoints[0] == home
+        response_id = json.loads(follow.body or b"{}")["request_id"]
