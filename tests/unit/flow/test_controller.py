@@ -90,8 +90,14 @@ async def test_client_leaving_takes_its_place_out_at_once() -> None:
     flow = controller(fleet)
     ticket = flow.offer("p", "t", "critical", 10)
     assert isinstance(ticket, Ticket)
-    waiting = asyncio.create_task(ticket.wait())
-    await asyncio.sleep(0)
+    awaiting = asyncio.Event()
+
+    async def handler() -> Rejected | None:
+        awaiting.set()
+        return await ticket.wait()  # no suspension between the two lines: the test resumes once this waits
+
+    waiting = asyncio.create_task(handler())
+    await awaiting.wait()
     waiting.cancel()  # what the gRPC stream's cancellation does to the awaiting handler
     flow.leave(ticket)
     assert flow.queued("p") == 0
