@@ -191,6 +191,11 @@ async def test_anthropic_version_reaches_the_engine(stack: Stack, http: aiohttp.
         seen = {k.lower(): v for k, v in (await response.json()).items()}
     assert seen["anthropic-version"] == "2023-06-01"
     assert "authorization" in seen  # passed through untouched, as every other client header
+    # Anthropic SDKs and Claude Code authenticate with x-api-key.
+    async with http.post(f"http://127.0.0.1:{stack.envoy_port}/v1/messages", json=body("messages"),
+                         headers={"x-api-key": KEYS["free"], "anthropic-version": "2023-06-01"}) as response:
+        assert response.status == 200
+        assert (await response.json())["type"] == "message"
 
 
 async def test_a_conversation_stays_on_the_endpoint_that_stores_it(stack: Stack, http: aiohttp.ClientSession) -> None:
