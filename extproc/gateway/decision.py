@@ -84,6 +84,11 @@ class Gateway:
                 result = yield ask
                 assert isinstance(result, AdmitResult)
                 exchange.admitted = stages.admit.decide(caller, ask, result)
+            loading = stages.gate.adapter(caller, resolved, self._clock())
+            if loading is not None:  # its LoRA adapter is loaded on demand: wait for it first
+                outcome = yield loading
+                assert outcome is None or isinstance(outcome, Rejected)
+                stages.gate.granted(resolved, outcome)
             ticket = exchange.ticket = stages.gate.offer(caller, resolved)
             if ticket is not None:
                 outcome = yield ticket

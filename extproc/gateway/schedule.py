@@ -43,7 +43,7 @@ class Schedule:
         observe(seconds)
 
     def usable(self, pool: Pool, now: float) -> list[Endpoint]:
-        return self.health.usable(pool.endpoints, now)
+        return pool.ready(self.health.usable(pool.endpoints, now))
 
     def _candidates(self, caller: Caller, pool: Pool, scheduling: SchedulingRequest) -> list[Endpoint]:
         """The usable endpoints with room for the caller's class (all usable ones when none has room). A pool
@@ -57,11 +57,11 @@ class Schedule:
         if limit and len(endpoints) > limit:
             chooser = random.Random(scheduling.sequence)  # reproducible per request, like the picker's ties
             sample = runtime.scheduler.profile(pool.config.profile).narrow(scheduling, endpoints, limit, chooser)
-            with_room = [e for e in self.health.usable(sample, now)
+            with_room = [e for e in pool.ready(self.health.usable(sample, now))
                          if (room := load.room(e, now, reserve)) is None or room > 0]
             if with_room:
                 return with_room
-        candidates = self.health.usable(endpoints, now)
+        candidates = self.usable(pool, now)
         if caller.klass and len(candidates) > 1:
             with_room = [e for e in candidates if (room := load.room(e, now, reserve)) is None or room > 0]
             candidates = with_room or candidates
@@ -94,6 +94,8 @@ class Schedule:
         sequence = self._sequence + 1
         scheduling = self.request(caller, resolved, pool, sequence)
         candidates = self._candidates(caller, pool, scheduling)
+        if resolved.request.model in pool.config.lora_paths:  # an adapter loaded on demand: where it is loaded
+            candidates = [e for e in candidates if resolved.request.model in e.adapters] or candidates
         backup = pool.config.backup_pool
         if not candidates and backup is not None:  # no healthy endpoint: the backup pool serves
             standby = runtime.pools[backup]

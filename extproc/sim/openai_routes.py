@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,8 +71,13 @@ def abort_connection(request: web.Request) -> CrashedError:
 
 class OpenAIRoutes:
     def __init__(self, spec: ReplicaSpec, engine: Engine, loop: EngineLoop, tokenizer: Tokenizer,
-                 faults: Faults) -> None:
+                 faults: Faults, adapters: Mapping[str, None] | None = None,
+                 check_awake: Callable[[], None] | None = None) -> None:
+        """`adapters`: the LoRA adapters loaded now (runtime loading changes it); `check_awake` raises the 503 of
+        a sleeping engine (extproc/sim/lifecycle.py)."""
         self.spec = spec
+        self.adapters: Mapping[str, None] = adapters if adapters is not None else dict.fromkeys(spec.lora_adapters)
+        self._check_awake = check_awake or (lambda: None)
         self.engine = engine
         self.loop = loop
         self.tokenizer = tokenizer
@@ -98,7 +103,7 @@ class OpenAIRoutes:
         model = body.get("model")
         if model is None or model == self.spec.model:
             return self.spec.model, None
-        if isinstance(model, str) and model in self.spec.lora_adapters:
+        if isinstance(model, str) and model in self.adapters:
             return model, model
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
@@ -126,6 +131,7 @@ class OpenAIRoutes:
 
     def plan(self, body: Mapping[str, Any], request_id: str, *, chat: bool) -> Planned:
         """What the engine will do for a generation request: checked, tokenized, its output decided."""
+        self._check_awake()
         model, lora = self.resolve_model(body)
         self._check_fault()
         _, prompt_ids = self._prompt(body, chat)
@@ -205,6 +211,7 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await read_json(request)
+        self._check_awake()
         model, lora = self.resolve_model(body)
         self._check_fault()
         inputs = parse_embedding_inputs(body, self.tokenizer)
@@ -256,6 +263,6 @@ class OpenAIRoutes:
         return web.json_response({"prompt": self.tokenizer.decode(tokens)}, dumps=compact_json)
 
     async def models(self, request: web.Request) -> web.Response:
-        payload = models_response(self.spec.model, self.spec.lora_adapters, self.created,
+        payload = models_response(self.spec.model, tuple(self.adapters), self.created,
                                   self.spec.profile.max_model_len)
         return web.json_response(payload, dumps=compact_json)

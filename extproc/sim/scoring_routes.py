@@ -51,6 +51,7 @@ class ScoringRoutes:
     async def _run_pairs(self, pairs: list[tuple[str, str]], lora: str | None) -> int:
         """Run every pair through the engine; returns their prompt tokens."""
         base = self.base
+        base._check_awake()
         base._check_fault()
         prompts = [base.tokenizer.encode(first) + base.tokenizer.encode(second) for first, second in pairs]
         if any(len(ids) > base.spec.profile.max_model_len for ids in prompts):

@@ -81,8 +81,8 @@ def early_header_mutation(policy: Policy) -> list[dict[str, Any]]:
 
 def http_filters(policy: Policy) -> list[dict[str, Any]]:
     envoy = policy.envoy
-    flow = policy.flow_control
-    max_wait_s = flow.longest_wait_s() + MESSAGE_TIMEOUT_SLACK_S + 1.0 if flow.enabled else 0.0
+    longest = policy.longest_wait_s()
+    max_wait_s = longest + MESSAGE_TIMEOUT_SLACK_S + 1.0 if longest > 0 else 0.0
     strip = [{"remove": name} for name in stripped_headers(policy)]
     return [
         {
