@@ -1,13 +1,11 @@
 """`extproc bench overhead`: latency our ext_proc filter adds, measured in one run.
 
-One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the rendered
-gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener (router only, same
-backend). The same requests go through both, in alternating rounds so machine noise falls on both alike; the
-difference is what our filter costs. With several `--store` values (e.g. memory,redis) each store gets its own service
-and Envoy, and the rounds alternate over all of them, so the stores are compared in one run. With `--body-modes` the
-service runs in endpoint-picker mode behind an Envoy shaped like Istio's InferencePool support
-(extproc/xds/picker.py), one service and Envoy per request body mode (buffered, streamed, full-duplex), and the
-streamed modes' cost over buffered is printed from the same run.
+One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the
+rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
+(router only, same backend). The same requests go through both, in alternating rounds so machine
+noise falls on both alike; the difference is what our filter costs. With several `--store` values
+(e.g. memory,redis) each store gets its own service and Envoy, and the rounds alternate over all of
+them, so the stores are compared in one run; `--body-modes`: extproc/bench/body_modes.py.
 """
 
 from __future__ import annotations
@@ -24,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes, picker_policy, pool_cluster
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
 from extproc.bench.procs import (
@@ -43,7 +42,6 @@ from extproc.config import Policy, parse_policy
 from extproc.guard import DETECTORS
 from extproc.telemetry.metrics import PHASE_CPU, PHASES, STREAMS
 from extproc.xds import find_envoy
-from extproc.xds.picker import BODY_MODES, POOL_CLUSTER
 from extproc.xds.render import render_static
 
 MODEL = "bench-model"
@@ -82,13 +80,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default="1",
                         help="service processes (service.workers) of the first store's variant; several, "
                              "comma-separated (1,2), each get their own service and Envoy in the same run")
+    parser.add_argument("--tracing", type=float, default=None, metavar="RATIO",
+                        help="also run the first store with tracing on at this sample ratio (Envoy's tracer too), "
+                             "exporting to an OTLP receiver in this process, and print its cost over tracing off "
+                             "in the same run (needs the tracing extra)")
     parser.add_argument("--trivial", choices=["on", "off"], default="on",
                         help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
                              "same Envoy configuration: the floor that grpc.aio and the event loop cost")
-    parser.add_argument("--body-modes", default="",
-                        help="endpoint-picker mode behind Envoy shaped like Istio's InferencePool support, once "
-                             "per request body mode: buffered, streamed, full-duplex (comma-separated, compared in "
-                             "one run, with one --store and one --workers; default: policy mode)")
+    add_body_modes(parser)
 
 
 def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -110,12 +109,11 @@ def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[
 
 def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int) -> dict[str, Any]:
     bootstrap = render_static(policy)
-    pool_cluster = POOL_CLUSTER if policy.mode == "endpoint-picker" else policy.pools[0].name
     router = [{"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
     backend = [{"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": _BACKEND_BODY}},
                 "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
-    bare = [{"match": {"prefix": "/"}, "route": {"cluster": pool_cluster}}]
+    bare = [{"match": {"prefix": "/"}, "route": {"cluster": pool_cluster(policy)}}]
     bootstrap["static_resources"]["listeners"] += [
         _listener("backend", direct_port, backend, router),
         _listener("bare", bare_port, bare, router),
@@ -154,7 +152,7 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
 
 
 def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, direct_port: int,
-            redis_port: int, workers: int, body_mode: str = "") -> Path:
+            redis_port: int, workers: int, tracing: float | None = None, body_mode: str = "") -> Path:
     grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
     if workers > 1:  # the supervisor's admin port, its workers' right after it
         admin_port = free_port_block(workers + 1)
@@ -170,9 +168,10 @@ def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, dire
                                 "slices": args.slices == "on"}
     if args.guard != "none" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules(args.guard)}
-    if body_mode:  # endpoint-picker mode, the body sent as the gateway's ext_proc filter says
-        policy_doc["mode"] = "endpoint-picker"
-        policy_doc["envoy"]["request_body_mode"] = body_mode
+    if tracing is not None:
+        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing,
+                                 "otlp_endpoint": f"127.0.0.1:{args.otlp_port}"}
+    picker_policy(policy_doc, body_mode)
     path = workdir / f"policy-{name}.yaml"
     path.write_text(yaml.safe_dump(policy_doc))
     return path
@@ -189,11 +188,12 @@ class Target:
     admin: str | None = None
 
 
-Variant = tuple[str, str, int, str]  # name, store, workers, request body mode ("" = policy mode)
+Variant = tuple[str, str, int, float | None, str]  # name, store, workers, tracing ratio (None: off), body mode
+TRACED = "+tracing"
 
 
 def _variants(args: argparse.Namespace) -> list[Variant] | str:
-    """The services to start, or an error message."""
+    """The services to start (request body mode "": policy mode), or an error message."""
     stores = [name.strip() for name in args.store.split(",") if name.strip()]
     if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
         return f"--store takes distinct values among none, memory, redis; got {args.store!r}"
@@ -203,27 +203,27 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
         workers = []
     if not workers or workers[0] < 1:
         return f"--workers takes positive integers, comma-separated; got {args.workers!r}"
-    modes = [name.strip() for name in args.body_modes.split(",") if name.strip()]
-    if any(mode not in BODY_MODES for mode in modes) or len(set(modes)) < len(modes) or (
-            modes and (len(stores) > 1 or len(workers) > 1)):
-        return (f"--body-modes takes distinct values among {', '.join(BODY_MODES)} (with one --store and one "
-                f"--workers); got {args.body_modes!r}")
+    if args.tracing is not None and not 0 <= args.tracing <= 1:
+        return f"--tracing takes a sample ratio in [0, 1]; got {args.tracing}"
+    if isinstance(modes := parse_modes(args.body_modes, len(stores), len(workers)), str):
+        return modes  # else endpoint-picker mode: one variant per request body mode (or none)
     single = len(stores) == 1 and len(workers) == 1 and not modes
-    # Endpoint-picker mode: one variant per request body mode; else one per store, then per worker count.
-    variants = [(f"with_extproc[{mode}]", stores[0], workers[0], mode) for mode in modes] or [
-        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], "") for store in stores]
-    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, "") for n in workers[1:]]
+    variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode) for mode in modes] or [
+        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "") for store in stores]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "") for n in workers[1:]]
+    if args.tracing is not None:
+        variants.append((variants[0][0] + TRACED, stores[0], workers[0], args.tracing, variants[0][4]))
     if args.trivial == "on":
-        variants.append(("trivial", "trivial", 1, ""))
+        variants.append(("trivial", "trivial", 1, None, ""))
     return variants
 
 
 async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: Variant,
                  first: bool, ports: tuple[int, int, int]) -> Target:
-    name, store, workers, body_mode = variant
+    name, store, workers, tracing, body_mode = variant
     direct_port, bare_port, redis_port = ports
-    policy_path = _policy(workdir, name.replace("[", "-").replace("]", ""), store, args, direct_port, redis_port,
-                          workers, body_mode)
+    policy_path = _policy(workdir, name.replace("[", "-").replace("]", "").replace("+", "-"), store, args,
+                          direct_port, redis_port, workers, tracing, body_mode)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
     bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
@@ -268,15 +268,20 @@ async def run_overhead(args: argparse.Namespace) -> int:
     if isinstance(variants, str):
         print(variants, file=sys.stderr)
         return 2
-    stores = {store for _, store, _, _ in variants}
+    stores = {variant[1] for variant in variants}
     direct_port, bare_port, redis_port = free_ports(3)
     ports = (direct_port, bare_port, redis_port)
     _spec = _request_spec(args.prompt_chars)
-    report: dict[str, Any] = {"store": args.store, "body_modes": args.body_modes, "slices": args.slices,
-                              "guard": args.guard, "prompt_chars": args.prompt_chars, "rate": args.rate,
-                              "workers": args.workers,
+    report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
+                              "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
+    sink = None
+    if args.tracing is not None:
+        from extproc.bench.otlp_sink import OtlpSink
+
+        sink = OtlpSink()
+        args.otlp_port = await sink.start()
     async with ProcessGroup(workdir / "logs") as group:
         if "redis" in stores:
             await start_redis(group, ports[2], args.redis_server)
@@ -369,7 +374,16 @@ async def run_overhead(args: argparse.Namespace) -> int:
                       for q in ("p50", "p99")}
         report["redis_minus_memory_ms"] = difference
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
-    _over_buffered(added, report)
+    over_buffered(added, report)
+    traced = variants[0][0] + TRACED
+    if traced in added and variants[0][0] in added:
+        report["tracing_minus_off_ms"] = {q: round(added[traced][q] - added[variants[0][0]][q], 3)
+                                          for q in ("p50", "p99")}
+        report["spans_exported"] = sink.spans if sink is not None else 0
+        print(f"tracing at ratio {args.tracing} over tracing off, same run: p50 {report['tracing_minus_off_ms']['p50']}"
+              f" ms, p99 {report['tracing_minus_off_ms']['p99']} ms ({report['spans_exported']} spans exported)")
+    if sink is not None:
+        await sink.stop()
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")
@@ -378,18 +392,6 @@ async def run_overhead(args: argparse.Namespace) -> int:
     print(f"report written to {path}")
     errors = sum(sum(v["errors"].values()) for v in fixed.values())
     return 0 if errors == 0 else 1
-
-
-def _over_buffered(added: dict[str, dict[str, float]], report: dict[str, Any]) -> None:
-    """The streamed body modes' added latency over buffered's (endpoint-picker mode, same run)."""
-    buffered = added.get("with_extproc[buffered]", {})
-    for mode in BODY_MODES:
-        extra = added.get(f"with_extproc[{mode}]", {})
-        if mode == "buffered" or not {"p50", "p99"} <= extra.keys() & buffered.keys():
-            continue
-        difference = {q: round(extra[q] - buffered[q], 3) for q in ("p50", "p99")}
-        report[f"{mode}_minus_buffered_ms"] = difference
-        print(f"{mode} request bodies over buffered, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
 
 
 def _envoy_pids(group: ProcessGroup, targets: list[Target]) -> list[int]:

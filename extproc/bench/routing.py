@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.agents import agents_workload
 from extproc.bench.flowstats import FlowCounts, flow_counts
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
@@ -73,9 +74,9 @@ from extproc.xds import write_config
 __all__ = ["WORKLOADS", "Layout", "configure", "layout_for", "run_routing", "sim_profile"]
 
 DEFAULT_STRATEGIES = "envoy-round-robin,envoy-least-request,least-inflight,default"
-WORKLOADS = ("shared-prefix", "multi-turn", "mixed", "overload")
+WORKLOADS = ("shared-prefix", "multi-turn", "agents", "mixed", "overload")
 # Offered load per workload: light, around the knee, and past it for round-robin on 8 replicas.
-DEFAULT_QPS = {"shared-prefix": "8,24,48", "multi-turn": "8,24,48", "mixed": "8,24,48"}
+DEFAULT_QPS = {"shared-prefix": "8,24,48", "multi-turn": "8,24,48", "agents": "8,24,48", "mixed": "8,24,48"}
 CHAT_MODEL = "llama-3.1-8b-instruct"
 CODE_MODEL = "qwen2.5-coder-7b"
 ADAPTERS = ("sql-lora", "summarize-lora", "support-lora")
@@ -91,6 +92,8 @@ class Layout:
 
 
 def layout_for(name: str, endpoints: int, shape: PrefixShape | None = None) -> Layout:
+    if name == "agents":
+        return Layout((SimPool("chat", CHAT_MODEL, endpoints),), lambda seed: agents_workload(CHAT_MODEL, seed=seed))
     if name in ("shared-prefix", "multi-turn"):
         pool = SimPool("chat", CHAT_MODEL, endpoints)
         if name == "shared-prefix":
@@ -120,7 +123,9 @@ def _csv(text: str) -> list[str]:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workload", choices=WORKLOADS, default="shared-prefix",
                         help="shared-prefix: 32 long system prompts x many short questions; multi-turn: "
-                             "concurrent conversations whose history grows per turn; mixed: two models, LoRA "
+                             "concurrent conversations whose history grows per turn; agents: the same as coding-agent "
+                             "sessions over Anthropic Messages (Claude Code) and Responses (Agents SDK): tools, tool "
+                             "calls and results, screenshots; mixed: two models, LoRA "
                              "adapters on one, short and long prompts; overload: three priority classes and unequal "
                              "tenants offered multiples of the fleet's capacity (see --loads) (default %(default)s)")
     parser.add_argument("--strategies", default=None,

@@ -32,6 +32,7 @@ from extproc.scheduling.config import (
     ProfileConfig,
     SchedulingConfig,
 )
+from extproc.telemetry.tracing_config import TracingConfig
 
 # Every section's model, importable from here (each is defined once, in the package that owns the section).
 __all__ = [
@@ -211,6 +212,10 @@ class PoolConfig(Strict):
     max_num_seqs: int | None = Field(default=None, ge=1, le=100_000,
                                      description="the engines' --max-num-seqs: at most this many requests per endpoint "
                                                  "before flow control holds them (default: learned from the engines)")
+    image_tokens: int = Field(default=1024, ge=0, le=100_000,
+                              description="prompt tokens one image part is estimated to cost on this pool's model")
+    audio_tokens: int = Field(default=750, ge=0, le=100_000,
+                              description="prompt tokens one audio part is estimated to cost on this pool's model")
     cold_start_timeout_s: float = Field(default=0.0, ge=0, le=3600,
                                         description="the pool may have no ready endpoint (scaled to zero): its "
                                                     "requests wait up to this long for the first one (0 = 503 at once)")
@@ -279,6 +284,7 @@ class Policy(Strict):
     saturation: SaturationConfig = SaturationConfig()
     audit: AuditConfig = AuditConfig()
     guard: GuardConfig = GuardConfig()
+    tracing: TracingConfig = TracingConfig()
     autoscaling: AutoscalingConfig = AutoscalingConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)

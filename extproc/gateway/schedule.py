@@ -17,9 +17,10 @@ from extproc.endpoints import Endpoint
 from extproc.endpoints.health import HealthTracker
 from extproc.gateway.records import Admitted, Caller, Resolved, Routed, route_metadata
 from extproc.gateway.runtime import Pool
+from extproc.gateway.stateful import new_response_id, pinned_endpoint
 from extproc.gateway.types import Route
+from extproc.openai import Api, rewrite_body
 from extproc.openai import errors as oai
-from extproc.openai import rewrite_body
 from extproc.scheduling import Explanation, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
 
@@ -123,13 +124,21 @@ class Schedule:
         if not picked:
             raise oai.no_capacity(config.name)
         request = resolved.request
+        fields: dict[str, str] | None = None
+        if request.api is Api.RESPONSES:  # stored responses live on the endpoint that served them
+            if request.previous_response_id is not None:
+                # Any usable endpoint of the pool (not only this decision's candidates, a sample in large pools).
+                home = pinned_endpoint(request.previous_response_id, config.name, self.usable(pool, now))
+                if home is not None:
+                    picked = [home, *(e for e in picked if e is not home)][:1 + config.fallbacks]
+            fields = {"request_id": new_response_id(config.name, picked[0].address)}
         rewrite = request.model != config.model and request.model not in config.lora_adapters
         # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to settle a
         # reservation, and for the audit log).
         want_usage = request.stream and not request.include_usage and (
             admitted is not None or bool(runtime.policy.audit.path))
-        new_body = rewrite_body(request.document, config.model if rewrite else None, want_usage) if (
-            rewrite or want_usage or resolved.body_changed) else None
+        new_body = rewrite_body(request.document, config.model if rewrite else None, want_usage, fields) if (
+            rewrite or want_usage or resolved.body_changed or fields) else None
         addresses = tuple(e.address for e in picked)
         envoy = runtime.policy.envoy
         destination = ",".join(addresses)

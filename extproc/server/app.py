@@ -8,6 +8,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -50,6 +51,9 @@ from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
 from extproc.telemetry.pools import PoolCollector
+
+if TYPE_CHECKING:  # imported only when tracing is on
+    from extproc.telemetry.tracing import DecisionTracer
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +102,7 @@ class Service:
     tls: CertificateReloader | None = None
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
+    tracer: DecisionTracer | None = None  # policy tracing.enabled
     scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
     queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
     sleep: SleepManager | None = None  # engines of pools with sleep_after_idle_s
@@ -200,6 +205,8 @@ class Service:
             await self.policy_watcher.stop()
         await self.store.close()
         await self.admin_runner.cleanup()
+        if self.tracer is not None:  # flushes spans still queued for export (blocking: off the loop)
+            await asyncio.to_thread(self.tracer.shutdown)
 
 
 def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple[int, int] | None = None) -> Service:
@@ -226,11 +233,17 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS + (_WORKER_GRPC_OPTIONS if worker is not None else []))
     grpc_token = read_token(policy.service.grpc_token_file)
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store, grpc_token, metrics),
-                                                     server)
+    tracer = None
+    if policy.tracing.enabled:  # the SDK is imported only then; read at start
+        from extproc.telemetry.tracing import DecisionTracer
+
+        tracer = DecisionTracer(policy.tracing)
+    ext_grpc.add_ExternalProcessorServicer_to_server(
+        ExternalProcessorService(gateway, store, grpc_token, metrics, tracer), server)
     access_log = AccessLogService(store, metrics, parts.outcomes, rollouts.record,
                                   on_prompt_usage=parts.calibration.observe, token=grpc_token,
-                                  decided_here=gateway.request_ids.mine)
+                                  decided_here=gateway.request_ids.mine,
+                                  on_usage=tracer.usage if tracer is not None else None)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -247,6 +260,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery,
                       pool_discovery, CertificateReloader(policy.service.tls) if policy.service.tls else None)
+    service.tracer = tracer
     service.scaler = scaler
     service.sleep = build_sleep_manager(runtimes, parts)
     service.adapters = build_adapter_manager(runtimes, parts)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any, TypeAlias
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
@@ -21,11 +22,17 @@ from extproc.config.epp import (
 )
 from extproc.flow import Rejected, Ticket
 from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Route, Wait, error_response
+from extproc.gateway.records import trace_attributes
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
 from extproc.telemetry import GatewayMetrics
+
+if TYPE_CHECKING:  # the SDK is imported only when tracing is on (extproc/telemetry/tracing.py)
+    from opentelemetry.trace import Span
+
+    from extproc.telemetry.tracing import DecisionTracer
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +62,10 @@ class StreamProcessor:
     (500, a data-plane misconfiguration) rather than sent somewhere unpicked. Response bodies pass untouched."""
 
     __slots__ = ("body", "chunks", "closed", "count", "exchange", "gateway", "hold", "picker", "received",
-                 "request_mode", "response_mode", "trailers")
+                 "request_mode", "response_mode", "span", "stream_traceparent", "tracer", "trailers")
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, tracer: DecisionTracer | None = None,
+                 stream_traceparent: str | None = None) -> None:
         self.gateway = gateway
         self.exchange: Exchange | None = None
         self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
@@ -69,6 +77,9 @@ class StreamProcessor:
         self.received = 0  # request body bytes received
         self.trailers = False  # the decision came with the request trailers: they get their reply after it
         self.closed = False  # answered with an immediate response: Envoy sends nothing more that needs a reply
+        self.tracer = tracer  # None: tracing off (the only cost is this test)
+        self.stream_traceparent = stream_traceparent  # Envoy's trace context on the ext_proc stream, if any
+        self.span: Span | None = None
 
     def _immediate(self, reply: Respond) -> ext_pb.ProcessingResponse:
         self.closed = True
@@ -124,7 +135,10 @@ class StreamProcessor:
             hint = protocol.metadata_value(message.metadata_context, picker.subset_namespace,
                                            DESTINATION_ENDPOINT_SUBSET)
             subset = tuple(hint) if hint is not None else None
-        exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers, subset))
+        head = protocol.request_head(message.request_headers, subset)
+        if self.tracer is not None:
+            self.span = self.tracer.start(head.headers, self.stream_traceparent)
+        exchange, reply = self.gateway.headers(head)
         self.exchange = exchange
         if reply is not None:
             return self._immediate(reply)
@@ -170,6 +184,9 @@ class StreamProcessor:
     def respond(self, decision: Decision) -> Reply:
         if not isinstance(decision, Route):
             return self._immediate(decision)
+        if self.span is not None and self.tracer is not None:  # the engine's parent is our span
+            decision = replace(decision, set_headers=(*decision.set_headers,
+                                                      ("traceparent", self.tracer.traceparent(self.span))))
         picker = self.picker
         pick = (picker.metadata_namespace, DESTINATION_ENDPOINT) if picker is not None else None
         if not self.hold:
@@ -192,11 +209,21 @@ class StreamProcessor:
         message_timeout was served)."""
         return bool(self.request_mode != protocol.FULL_DUPLEX)
 
+    def end_span(self, now: float) -> None:
+        """The exchange is over: its span records it, and ends once its usage arrives (routed) or now."""
+        if self.span is None or self.tracer is None or self.exchange is None:
+            return
+        exchange = self.exchange
+        self.tracer.finish(self.span, trace_attributes(exchange, now),
+                           exchange.request_id if exchange.routed is not None else None)
+        self.span = None
+
 
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, gateway: Gateway, store: Store, token: str | None = None,
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None, tracer: DecisionTracer | None = None) -> None:
         self._gateway = gateway
+        self._tracer = tracer
         self._store = store
         self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
         self._metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
@@ -213,7 +240,9 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._streams()
         cpu = time.thread_time  # CPU of the loop's thread per phase: our own work, not the awaits in between
         # read()/write() on the context instead of an async generator: one less layer per message.
-        stream = StreamProcessor(self._gateway)
+        tracer = self._tracer
+        stream = StreamProcessor(self._gateway, tracer, None if tracer is None else
+                                 dict(context.invocation_metadata() or ()).get("traceparent"))
         try:
             while True:
                 message = await context.read()
@@ -258,6 +287,8 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
             if stream.exchange is not None:
                 routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)
+                if stream.span is not None:
+                    stream.end_span(time.monotonic())
             self._phase_cpu["stream_end"](cpu() - started)
             if held is not None:
                 await self._give_back(held, routed)

@@ -7,6 +7,7 @@ import json
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -30,7 +31,17 @@ from extproc.sim.responses import StreamFormatter, chat_response, completion_res
 from extproc.sim.spec import ReplicaSpec
 from extproc.sim.tokens import Tokenizer
 
-__all__ = ["CrashedError", "OpenAIRoutes", "abort_connection", "compact_json", "read_json"]
+__all__ = ["CrashedError", "OpenAIRoutes", "Planned", "abort_connection", "compact_json", "read_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A generation request as the engine will run it."""
+
+    model: str  # the name to echo
+    gen: GenRequest
+    pieces: list[str]  # the output's text, token by token
+    limits: Limits
 
 class CrashedError(Exception):
     """The crash_mid_stream fault cut this response's connection."""
@@ -118,8 +129,8 @@ class OpenAIRoutes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body = await read_json(request)
+    def plan(self, body: Mapping[str, Any], request_id: str, *, chat: bool) -> Planned:
+        """What the engine will do for a generation request: checked, tokenized, its output decided."""
         self._check_awake()
         model, lora = self.resolve_model(body)
         self._check_fault()
@@ -128,8 +139,14 @@ class OpenAIRoutes:
         limits = parse_limits(body, len(prompt_ids), profile, chat=chat)
         length, finish_reason, text_seed = output_plan(prompt_ids, limits, profile, self.spec.seed)
         pieces, output_ids = self.tokenizer.generate(length, text_seed)
-        request_id = self._request_id(request, "chatcmpl-" if chat else "cmpl-")
-        gen = GenRequest(request_id, prompt_ids, output_ids, lora, finish_reason=finish_reason)
+        return Planned(model, GenRequest(request_id, prompt_ids, output_ids, lora, finish_reason=finish_reason),
+                       pieces, limits)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await read_json(request)
+        planned = self.plan(body, self._request_id(request, "chatcmpl-" if chat else "cmpl-"), chat=chat)
+        model, gen, pieces, limits = planned.model, planned.gen, planned.pieces, planned.limits
+        request_id, prompt_ids, length, finish_reason = gen.request_id, gen.prompt_ids, len(pieces), gen.finish_reason
         created = int(time.time())
         if limits.stream:
             return await self._stream(request, gen, pieces, limits, model, created, chat=chat)

@@ -18,6 +18,8 @@ from extproc.sim.metrics import render_metrics
 from extproc.sim.openai_routes import CrashedError, OpenAIRoutes, abort_connection, compact_json, read_json
 from extproc.sim.protocol import ApiError, error_body
 from extproc.sim.router_routes import RouterRoutes
+from extproc.sim.scoring_routes import ScoringRoutes
+from extproc.sim.shaped_routes import ShapedRoutes
 from extproc.sim.spec import ReplicaSpec
 from extproc.sim.tokens import Tokenizer
 
@@ -74,6 +76,8 @@ class Replica:
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=64 * 1024 * 1024)
         app.add_routes(self._routes.routes())
+        app.add_routes(ShapedRoutes(self._routes).routes())
+        app.add_routes(ScoringRoutes(self._routes).routes())
         app.add_routes(RouterRoutes(self.spec, self.engine).routes())
         app.add_routes(self.lifecycle.routes())
         app.add_routes([

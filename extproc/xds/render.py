@@ -30,7 +30,9 @@ from extproc.xds.logs import (
     EXTPROC_CLUSTER,
     USAGE_NAMESPACE,
     access_log,
+    envoy_tracing,
     extproc_grpc_service,
+    otel_cluster,
     usage_filters,
 )
 from extproc.xds.picker import picker_static
@@ -188,6 +190,9 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "http_filters": http_filters(policy),
         **rds,
     }
+    tracing = envoy_tracing(policy)
+    if tracing is not None:
+        hcm["tracing"] = tracing
     return {
         "@type": _T + "config.listener.v3.Listener",
         "name": LISTENER,
@@ -307,6 +312,8 @@ def render_files(policy: Policy, directory: Path) -> dict[str, dict[str, Any]]:
     files["lds.yaml"] = {"resources": [listener(policy, rds)]}
     files["rds.yaml"] = {"resources": [route_config(policy)]}
     clusters = [extproc_cluster(policy)]
+    if (otel := otel_cluster(policy)) is not None:
+        clusters.append(otel)
     for pool in policy.pools:
         if pool.discovery is not None:
             clusters.append(_pool_cluster(pool, policy.envoy, None))
@@ -334,6 +341,8 @@ def render_static(policy: Policy) -> dict[str, Any]:
         return picker_static(policy)
     hcm_listener = _strip_type(listener(policy, {"route_config": _strip_type(route_config(policy))}))
     clusters = [_strip_type(extproc_cluster(policy))]
+    if (otel := otel_cluster(policy)) is not None:
+        clusters.append(_strip_type(otel))
     clusters += [_strip_type(_pool_cluster(pool, policy.envoy, None)) for pool in policy.pools]
     return {
         "node": {"id": "llm-gateway", "cluster": "llm-gateway"},
