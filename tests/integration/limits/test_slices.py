@@ -38,8 +38,11 @@ def req(rid: str, tokens: int, tpm: TokenBudget, *conc: ConcurrencyLimit) -> Adm
 
 
 async def window_tokens(raw: Redis, prefix: str, tpm: TokenBudget) -> int:
-    value = await raw.get(f"{prefix}{tpm.key}:tw60:{window_index(time.time(), 60)}")
-    return int(value or 0)
+    """The tokens the test's admissions charged: each test has its own prefix and lasts under a minute, so they
+    are in this minute's window or, when the test crossed a minute boundary, partly or all in the previous one."""
+    index = window_index(time.time(), 60)
+    values = [await raw.get(f"{prefix}{tpm.key}:tw60:{i}") for i in (index - 1, index)]
+    return sum(int(value or 0) for value in values)
 
 
 def slices(store: RedisStore) -> Slices:
