@@ -187,6 +187,9 @@ class SchedulingConfig(_Strict):
     plugins: tuple[PluginConfig, ...] = ()
     profiles: tuple[ProfileConfig, ...] = ()
     scrape: ScrapeConfig = ScrapeConfig()
+    placement_sync_ms: int = Field(default=50, ge=0, le=10_000,
+                                   description="with limits.store redis: how often service replicas exchange where "
+                                               "they placed prompt prefixes (extproc/server/placements.py); 0 = never")
 
     @model_validator(mode="after")
     def _references(self) -> SchedulingConfig:

@@ -91,10 +91,10 @@ class Gateway:
         self._clock = clock
         self._sequence = 0
         self._scheduler_version = snapshots.current.version
-        self._scheduler = Scheduler(snapshots.current.policy.scheduling)
+        self.scheduler = Scheduler(snapshots.current.policy.scheduling)
         self._plugin_timers = {
             name: metrics.plugin_seconds.labels(name).observe
-            for profile in self._scheduler.profiles.values()
+            for profile in self.scheduler.profiles.values()
             for name in (*(f.name for f in profile.filters), *(w.scorer.name for w in profile.scorers),
                          profile.picker.name)
         }
@@ -134,9 +134,9 @@ class Gateway:
         snapshot = self._snapshots.current
         if snapshot.version == self._scheduler_version:
             return
-        self._scheduler = Scheduler(snapshot.policy.scheduling)
+        self.scheduler = Scheduler(snapshot.policy.scheduling)
         self._scheduler_version = snapshot.version
-        for profile in self._scheduler.profiles.values():
+        for profile in self.scheduler.profiles.values():
             for name in (*(f.name for f in profile.filters), *(w.scorer.name for w in profile.scorers),
                          profile.picker.name):
                 self._plugin_timers.setdefault(name, self._metrics.plugin_seconds.labels(name).observe)
@@ -152,7 +152,7 @@ class Gateway:
     def scheduling_request(self, exchange: Exchange, request: InferenceRequest, sequence: int = 0,
                            pool: PoolConfig | None = None) -> SchedulingRequest:
         pool = pool or exchange.snapshot.by_name[exchange.pool]
-        profile = self._scheduler.profile(pool.profile)
+        profile = self.scheduler.profile(pool.profile)
         head = exchange.head
         return SchedulingRequest(
             model=request.model,
@@ -384,7 +384,7 @@ class Gateway:
                 exchange.pool = backup.name
         sequence = self._sequence + 1
         scheduling = self.scheduling_request(exchange, request, sequence, pool)
-        picked = self._scheduler.schedule(pool.profile, scheduling, candidates, 1 + pool.fallbacks,
+        picked = self.scheduler.schedule(pool.profile, scheduling, candidates, 1 + pool.fallbacks,
                                           self._time_plugin, explain) if candidates else []
         if not picked:
             raise oai.no_capacity(pool.name)
@@ -398,7 +398,7 @@ class Gateway:
         if explain is None:  # committed only once nothing else can fail
             self._sequence = sequence
             self.health.picked(picked[0], now)
-            self._scheduler.profile(pool.profile).observe(scheduling, picked[0])
+            self.scheduler.profile(pool.profile).observe(scheduling, picked[0])
             default_output = exchange.snapshot.policy.limits.default_output_tokens
             expected = scheduling.prompt_tokens + (scheduling.max_output_tokens or default_output)
             exchange.leases.append(Lease(picked[0], expected))

@@ -67,6 +67,18 @@ class Observer(Protocol):
 
 
 @runtime_checkable
+class SharedState(Protocol):
+    """Optional: plugins whose learned state the other service replicas should learn too (e.g. where prefixes
+    were placed), carried as text lines through Redis by `extproc.server.placements`."""
+
+    name: str
+
+    def export_shared(self) -> list[str]: ...
+
+    def import_shared(self, lines: Sequence[str]) -> int: ...
+
+
+@runtime_checkable
 class NeedsPrefix(Protocol):
     needs_prefix: bool
 

@@ -15,6 +15,7 @@ from extproc.scheduling.framework import (
     Profile,
     SchedulingRequest,
     Scorer,
+    SharedState,
     WeightedScorer,
 )
 from extproc.scheduling.plugins import register_builtins
@@ -90,6 +91,15 @@ class Scheduler:
 
     def profile(self, name: str) -> Profile:
         return self.profiles[name]
+
+    def shared(self) -> dict[str, SharedState]:
+        """Plugin instances whose state the service replicas share, by plugin name."""
+        found: dict[str, SharedState] = {}
+        for profile in self.profiles.values():
+            for plugin in (*profile.filters, *(w.scorer for w in profile.scorers), profile.picker):
+                if isinstance(plugin, SharedState):
+                    found[plugin.name] = plugin
+        return found
 
     def schedule(self, profile: str, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,
                  timer: PluginTimer | None = None, explain: Explanation | None = None) -> list[Endpoint]:

@@ -34,8 +34,9 @@ from extproc.server.fleet import FleetSync
 from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
+from extproc.server.placements import PlacementSync
 from extproc.server.processor import ExternalProcessorService
-from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_store
+from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_placement_sync, build_store
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
@@ -73,6 +74,7 @@ class Service:
     discovery: DnsDiscoverer
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
+    placements: PlacementSync | None = None
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -92,6 +94,8 @@ class Service:
             await self.fleet.start()
         if self.calibration_sync is not None:
             await self.calibration_sync.start()
+        if self.placements is not None:
+            await self.placements.start()
         await self.keys_watcher.start()
         await self.rollouts.start()
         if self.policy_watcher is not None:
@@ -123,6 +127,8 @@ class Service:
             await self.fleet.stop()
         if self.calibration_sync is not None:
             await self.calibration_sync.stop()
+        if self.placements is not None:
+            await self.placements.stop()
         await self.discovery.stop()
         await self.keys_watcher.stop()
         await self.rollouts.stop()
@@ -168,6 +174,9 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
     service.calibration_sync = build_calibration_sync(policy, gateway.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, gateway.flow.kick_all)
+    service.placements = placements = build_placement_sync(policy, lambda: gateway.scheduler)
+    if placements is not None:
+        metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
     if fleet is not None:
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))
         metrics.fleet_sync_failures.set_function(lambda: float(fleet.failures_total))

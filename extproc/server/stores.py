@@ -1,5 +1,5 @@
 """Build the limit store a policy asks for (memory, or Redis with a failure policy), and what the replicas
-exchange through the same Redis (in-flight counts, prompt calibration)."""
+exchange through the same Redis (in-flight counts, prompt calibration, prefix placements)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,10 @@ from extproc.limits.memory import MemoryStore
 from extproc.limits.redis_store import RedisStore
 from extproc.limits.resp import Address, RespClient
 from extproc.limits.types import Store
+from extproc.scheduling import Scheduler
 from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync
+from extproc.server.placements import PlacementSync
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
 OPTIMISTIC_SHARE = 0.5  # of 1 / replicas: how far each replica may run ahead of Redis's last reply
@@ -71,3 +73,14 @@ def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> Ca
         return None
     client = RespClient(Address.from_url(url), timeout_s=1.0, scripts=CalibrationSync.SCRIPTS)
     return CalibrationSync(client, calibration)
+
+
+def build_placement_sync(policy: Policy, scheduler: Callable[[], Scheduler]) -> PlacementSync | None:
+    """Prefix placements shared by the service replicas, when Redis is the limits store."""
+    url = _redis_url(policy)
+    interval_ms = policy.scheduling.placement_sync_ms
+    if policy.limits.store != "redis" or not url or interval_ms <= 0:
+        return None
+    interval_s = interval_ms / 1000.0
+    client = RespClient(Address.from_url(url), timeout_s=max(0.1, interval_s), scripts=PlacementSync.SCRIPTS)
+    return PlacementSync(client, scheduler, interval_s)

@@ -1,17 +1,26 @@
-"""prefix-affinity-scorer: send requests that share a prompt prefix to the endpoint caching it.
+"""prefix-affinity-scorer: send requests that share a prompt prefix to an endpoint caching it, without piling a
+hot prefix onto one endpoint.
 
-Two signals, highest wins:
-- Deterministic placement, identical in every gateway replica with no shared memory: the prefix's
-  anchor (hash of its first `anchor_blocks` blocks) ranks endpoints by rendezvous hashing; the home
-  is the best-ranked endpoint whose load is within `load_bound` x the pool average (consistent
-  hashing with bounded loads), so a hot prefix spills to its next-ranked endpoint, not anywhere.
-- A learned index of where this process sent each block chain recently (bounded LRU), which knows
-  deeper matches (multi-turn histories) the anchor cannot tell apart.
+Placement, in order:
+1. Follow: the endpoints the request's deepest known prefix was sent to (its homes, from the prefix directory)
+   that are not hot; the least loaded of them.
+2. Otherwise place: a new prefix, or one whose homes are all hot, goes to an endpoint that is not hot, the one
+   holding the deepest shorter prefix first (a conversation whose own endpoint is hot moves to another that
+   has its system prompt), then the one with the least prefill backlog (uncached prompt tokens recently sent
+   there, decaying), then the least loaded, then by rendezvous rank of the prompt's anchor (its first
+   `anchor_blocks` blocks), so independent replicas that see the same loads place alike. The next endpoint
+   in the same order is the spill (score `spill_score`).
+An endpoint is hot when its load (the pool's load model: scraped running + waiting plus what was sent since)
+exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gains homes as its traffic needs
+them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
+share of the average would react to (moving a prefix costs a full prefill of it elsewhere).
+
+The directory is learned from where requests were sent (`observe`). Service replicas share it through Redis
+(`extproc.server.placements`): `export_shared` / `import_shared` carry what one replica placed to the others.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,22 +28,35 @@ from typing import Any
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
 from extproc.scheduling.prefix import rendezvous
+from extproc.scheduling.prefix_directory import PrefillBacklog, PrefixDirectory
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "prefix-affinity-scorer"
+# Prefill backlogs within this many tokens of each other count as equal (then load decides): about a quarter
+# of an engine step's token budget.
+_BACKLOG_BUCKET = 512.0
+# Placements kept for other replicas between two exchanges (oldest dropped first).
+_OUTBOX_LIMIT = 10_000
 
 
 @dataclass(frozen=True)
 class Params:
-    anchor_blocks: int = 8  # ~128 tokens identify a shared prefix (system prompt, conversation start)
-    load_bound: float = 1.25  # home may carry at most this x the average load (+1)
-    spill_score: float = 0.5  # score of the next-ranked endpoint (where this prefix spills)
-    index_capacity: int = 200_000  # block hashes remembered (LRU)
+    anchor_blocks: int = 8  # ~128 tokens: the key whose rendezvous rank breaks ties between equal endpoints
+    load_bound: float = 1.5  # hot: load above load_bound x pool average + load_slack
+    load_slack: float = 8.0
+    spill_score: float = 0.5  # score of the second choice
+    index_capacity: int = 200_000  # block hashes remembered (least recently used out)
+    homes: int = 8  # endpoints remembered per block hash
+    prefill_decay_ms: float = 200.0  # time constant of the prefill backlog (0 = backlog not used)
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
 
     def __post_init__(self) -> None:
-        if self.anchor_blocks < 1 or self.index_capacity < 1 or self.load_bound < 1.0:
-            raise ValueError("anchor_blocks and index_capacity must be >= 1, load_bound >= 1.0")
+        if self.anchor_blocks < 1 or self.index_capacity < 1 or self.homes < 1 or self.min_blocks < 0:
+            raise ValueError("anchor_blocks, index_capacity and homes must be >= 1, min_blocks >= 0")
+        if self.load_bound < 1.0 or self.load_slack < 0.0 or self.prefill_decay_ms < 0.0:
+            raise ValueError("load_bound must be >= 1.0, load_slack and prefill_decay_ms >= 0")
+        if not 0.0 <= self.spill_score <= 1.0:
+            raise ValueError("spill_score must be in [0, 1]")
 
 
 class PrefixAffinityScorer:
@@ -43,50 +65,73 @@ class PrefixAffinityScorer:
     def __init__(self, name: str, params: Params) -> None:
         self.name = name
         self.params = params
-        self._index: OrderedDict[int, str] = OrderedDict()  # block hash -> endpoint address
+        self.directory = PrefixDirectory(params.index_capacity, params.homes)
+        self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
+        self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
 
-    def ranking(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
-        """Endpoint indexes in rendezvous order for this request's anchor."""
+    def choices(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
+        """Endpoint indexes, best first: the home, then the spill, then the rest."""
         blocks = request.prefix_blocks
+        count = len(endpoints)
+        loads = [request.load.requests(e, request.now) for e in endpoints]
+        hot = self.params.load_bound * sum(loads) / count + self.params.load_slack
+        addresses = [e.address for e in endpoints]
+        depths = self.directory.match(blocks, addresses)
+        depth = [depths.get(a, 0) for a in addresses]
+        deepest = max(depth)
         anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-        return sorted(range(len(endpoints)), key=lambda i: rendezvous(anchor, endpoints[i].address), reverse=True)
+        rank = [rendezvous(anchor, a) for a in addresses]
+        backlog = [round(self.backlog.tokens(a, request.now) / _BACKLOG_BUCKET) for a in addresses]
+        order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
+        follow = [i for i in range(count) if deepest and depth[i] == deepest and loads[i] <= hot]
+        if follow:
+            home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
+            order.remove(home)
+            order.insert(0, home)
+        return order
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
-        blocks = request.prefix_blocks
         scores = [0.0] * len(endpoints)
-        if len(blocks) < self.params.min_blocks or not blocks:
+        blocks = request.prefix_blocks
+        if not blocks or len(blocks) < self.params.min_blocks:
             return scores
-        loads = [request.load.requests(e, request.now) for e in endpoints]
-        bound = self.params.load_bound * (sum(loads) / len(loads) + 1.0)
-        eligible = [i for i in self.ranking(request, endpoints) if loads[i] <= bound]
-        if eligible:
-            scores[eligible[0]] = 1.0
-            if len(eligible) > 1:
-                scores[eligible[1]] = self.params.spill_score
-        learned = self._learned(blocks, endpoints)
-        return [max(s, learned.get(e.address, 0.0)) for s, e in zip(scores, endpoints, strict=True)]
-
-    def _learned(self, blocks: tuple[int, ...], endpoints: Sequence[Endpoint]) -> dict[str, float]:
-        """Fraction of the prompt's blocks each endpoint was last sent (longest chain match, deepest first)."""
-        present = {e.address for e in endpoints}
-        found: dict[str, float] = {}
-        total = len(blocks)
-        # Probe a few depths from the deepest down: chained hashes mean a match at depth d implies d-1.
-        depth = total
-        while depth > 0 and len(found) < len(present):
-            address = self._index.get(blocks[depth - 1])
-            if address is not None and address in present and address not in found:
-                found[address] = depth / total
-            depth = depth - 1 if depth <= 16 else depth - max(1, depth // 8)
-        return found
+        order = self.choices(request, endpoints)
+        scores[order[0]] = 1.0
+        if len(order) > 1:
+            scores[order[1]] = self.params.spill_score
+        return scores
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
-        index = self._index
-        for block in request.prefix_blocks:
-            index[block] = endpoint.address
-            index.move_to_end(block)
-        while len(index) > self.params.index_capacity:
-            index.popitem(last=False)
+        blocks = request.prefix_blocks
+        if not blocks or len(blocks) < self.params.min_blocks:
+            return
+        held, fresh = self.directory.record(blocks, endpoint.address)
+        uncached = request.prompt_tokens * (1.0 - held / len(blocks))
+        self.backlog.add(endpoint.address, uncached, request.now)
+        if self._outbox is not None and fresh:
+            self._outbox.append((endpoint.address, fresh))
+            if len(self._outbox) > _OUTBOX_LIMIT:
+                del self._outbox[: len(self._outbox) - _OUTBOX_LIMIT]
+
+    # -- shared with the other service replicas ---------------------------------------------------------
+    def export_shared(self) -> list[str]:
+        """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""
+        outbox, self._outbox = self._outbox or [], []
+        return [" ".join((address, *map(str, hashes))) for address, hashes in outbox]
+
+    def import_shared(self, lines: Sequence[str]) -> int:
+        """Learn other replicas' placements; malformed lines are skipped. Returns the lines learned."""
+        learned = 0
+        for line in lines:
+            address, *rest = line.split() or ("",)
+            try:
+                hashes = [int(h) for h in rest]
+            except ValueError:
+                continue
+            if address and hashes and all(0 <= h < 1 << 32 for h in hashes):
+                self.directory.learn(hashes, address)
+                learned += 1
+        return learned
 
 
 def create(name: str, parameters: Mapping[str, Any]) -> PrefixAffinityScorer:
