@@ -4,16 +4,8 @@ import argparse
 
 import pytest
 
-from extproc.bench.routing_options import (
-    NOFLOW,
-    PrefixShape,
-    add_shape_options,
-    fleet_capacity_rps,
-    parse_range,
-    split_strategy,
-)
-from extproc.bench.workloads import popularity_weights, shared_prefix_workload
-from extproc.sim.profile import Profile
+from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, parse_range, split_strategy
+from extproc.bench.routing_workloads import popularity_weights, shared_prefix_workload
 
 
 def test_strategies_run_flow_control_as_shipped_unless_told_not_to() -> None:
@@ -49,16 +41,17 @@ def test_zipf_workload_asks_the_hot_group_most_and_exact_outputs_ignore_eos() ->
     assert b'"ignore_eos": true' in workload.next_spec(0).body
 
 
-def test_shape_from_args_and_capacity_at_a_prefix_hit_rate() -> None:
+def test_shape_from_args() -> None:
     parser = argparse.ArgumentParser()
     add_shape_options(parser)
+    parser.add_argument("--workload", default="shared-prefix")
     args = parser.parse_args(["--groups", "48", "--prefix-tokens", "3000", "--question-tokens", "300",
                               "--output-tokens", "100", "--popularity", "zipf:1.1"])
     shape = PrefixShape.from_args(args)
     assert shape == PrefixShape(48, (3000, 3000), (300, 300), (100, 100), "zipf:1.1")
-    profile = Profile()
-    perfect = fleet_capacity_rps(profile, 8, shape, hit_rate=1.0)
-    assert perfect == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
-    assert fleet_capacity_rps(profile, 8, shape) == pytest.approx(8 * profile.capacity_rps(3308, 100, 908))
+    assert PrefixShape.from_args(parser.parse_args([])) == PrefixShape()  # the shape, uniform
+    assert PrefixShape.from_args(parser.parse_args(["--workload", "drift"])).popularity == "zipf:1.1"
+    with pytest.raises(ValueError, match="hot set"):
+        PrefixShape.from_args(parser.parse_args(["--workload", "drift", "--popularity", "uniform"]))
     with pytest.raises(ValueError):
         PrefixShape.from_args(parser.parse_args(["--popularity", "zipf"]))
