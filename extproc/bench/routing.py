@@ -63,14 +63,15 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
     pools = plan.layout.pools
     envoy_only = strategy in ENVOY_STRATEGIES
     alone = envoy_only or strategy in PEERS  # no service of ours in the stack
+    replicas = plan.service_replicas(strategy)
     shared: dict[str, Any] = {}
-    if not alone and plan.replicas > 1:  # the replicas' shared store: limits, in-flight counts, placements
+    if not alone and replicas > 1:  # the replicas' shared store: limits, in-flight counts, placements
         port = free_ports(1)[0]
         await start_redis(group, port)
         shared["limits"] = {"store": "redis", "redis_url": f"redis://127.0.0.1:{port}/0"}
         if plan.fleet_sync_ms is not None:
             shared["flow_control"] = {"fleet_sync_ms": plan.fleet_sync_ms}
-    stack = prepare(workdir, pools, service_replicas=1 if alone else plan.replicas, extra_policy=shared)
+    stack = prepare(workdir, pools, service_replicas=1 if alone else replicas, extra_policy=shared)
     if not alone:
         _use_profile(stack, pools, strategy)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, plan.sim_args(seed))
@@ -80,7 +81,7 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
         stack.children[peer.router.binary] = peer.child
         return stack, peer
     if not envoy_only:
-        for index in range(plan.replicas):
+        for index in range(replicas):
             child = await start_service(group, stack, index)
             stack.children[child.name] = child
         stack.children["envoy"] = await start_envoy(group, stack)
@@ -196,8 +197,8 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "wall_s": wall, "saturation_limit_cores": SATURATED_CORES,
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
-        "command": "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"]
-        else None,
+        "command": getattr(args, "command", None) or (
+            "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None),
     }
 
 

@@ -8,18 +8,34 @@ from dataclasses import dataclass
 
 from extproc.bench.routing_workloads import popularity_weights
 
-__all__ = ["NOFLOW", "PrefixShape", "add_shape_options", "parse_range", "split_strategy"]
+__all__ = ["NOFLOW", "PrefixShape", "add_shape_options", "parse_range", "service_replicas", "split_strategy"]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
 # it, flow control is as a new user gets it: on.
 NOFLOW = "+noflow"
 
 
+# A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
+# run can compare replica counts side by side, e.g. default,default@3.
+REPLICAS = "@"
+
+
+def service_replicas(strategy: str, default: int) -> int:
+    """The service replicas a strategy runs with: its @N suffix, else `default`. Raises ValueError."""
+    _, sep, count = strategy.rpartition(REPLICAS)
+    if not sep:
+        return default
+    if not count.isdigit() or not 1 <= int(count) <= 16:
+        raise ValueError(f"strategy {strategy!r}: @N needs 1 <= N <= 16 service replicas")
+    return int(count)
+
+
 def split_strategy(strategy: str) -> tuple[str, bool]:
-    """(scheduling profile or baseline name, flow control on)."""
-    if strategy.endswith(NOFLOW):
-        return strategy.removesuffix(NOFLOW), False
-    return strategy, True
+    """(scheduling profile or baseline name, flow control on), whatever the replica count."""
+    base = strategy.rpartition(REPLICAS)[0] or strategy
+    if base.endswith(NOFLOW):
+        return base.removesuffix(NOFLOW), False
+    return base, True
 
 
 def parse_range(text: str) -> tuple[int, int]:

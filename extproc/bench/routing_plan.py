@@ -23,7 +23,7 @@ from extproc.bench.peers import PEERS
 from extproc.bench.routing_capacity import CAPACITY_HIT_SHARE, measure_capacity
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES
 from extproc.bench.routing_metrics import FLEET_HEADROOM, KV_TARGET_RATIO, kv_blocks_for
-from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, split_strategy
+from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, service_replicas, split_strategy
 from extproc.bench.routing_workloads import (
     MixedPool,
     RoutingWorkload,
@@ -105,7 +105,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
-                             f"with flow control on, or off with the suffix {NOFLOW} (default {DEFAULT_STRATEGIES}); "
+                             f"with flow control on, or off with the suffix {NOFLOW}, and with --replicas service "
+                             "processes or N of them with the suffix @N (e.g. default@3) "
+                             f"(default {DEFAULT_STRATEGIES}); "
                              f"overload: envoy-least-request, default, default{NOFLOW} (default {OVERLOAD_STRATEGIES})")
     parser.add_argument("--loads", default=None,
                         help="comma list of offered load as shares of the fleet's capacity, measured on the "
@@ -161,10 +163,13 @@ class Plan:
     workdir: Path
     profile_path: Path
     stream_chunk_tokens: int
-    replicas: int
+    replicas: int  # service processes of a profile strategy without @N
     fleet_sync_ms: int | None
     slo_ttft_s: float
     client_timeout_s: float
+
+    def service_replicas(self, strategy: str) -> int:
+        return service_replicas(strategy, self.replicas)
 
     def sim_args(self, seed: int) -> tuple[str, ...]:
         return ("--profile", str(self.profile_path.resolve()), "--stream-chunk-tokens",
@@ -179,10 +184,12 @@ def _strategies(args: argparse.Namespace, pools: int) -> tuple[str, ...]:
     strategies = tuple(csv(args.strategies or DEFAULT_STRATEGIES))
     known = set(ENVOY_STRATEGIES) | set(BUILTIN_PROFILES) | set(PEERS)
     unknown = [s for s in strategies if split_strategy(s)[0] not in known
-               or (s.endswith(NOFLOW) and split_strategy(s)[0] not in BUILTIN_PROFILES)]
+               or (split_strategy(s)[0] not in BUILTIN_PROFILES and (NOFLOW in s or "@" in s))]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
-                         f"(a profile may take {NOFLOW})")
+                         f"(a profile may take {NOFLOW} and @N service replicas)")
+    for strategy in strategies:
+        service_replicas(strategy, 1)  # raises ValueError on a bad @N
     peers = [s for s in strategies if s in PEERS]
     if peers and pools > 1:
         raise ValueError(f"peer routers {peers} front one pool; the {args.workload} workload has "

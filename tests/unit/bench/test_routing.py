@@ -43,8 +43,10 @@ def test_plan_defaults_and_quick(tmp_path: Path) -> None:
     assert quick.rates == (plan.rates[1],) and quick.duration_s == 20.0
     assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--quick", "--qps", "5,9")).rates == ((5.0, None),)
     assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--kv-blocks", "900")).kv_blocks == 900
-    repeated = routing_plan.make_plan(_args(tmp_path, *SMALL, "--repeat", "3", "--seed", "4"))
+    repeated = routing_plan.make_plan(_args(tmp_path, *SMALL, "--repeat", "3", "--seed", "4", "--replicas", "2",
+                                            "--strategies", "default,default@3"))
     assert repeated.seeds == (4, 5, 6)
+    assert [repeated.service_replicas(s) for s in repeated.strategies] == [2, 3]
 
 
 def test_drift_moves_halfway_through_the_measured_run(tmp_path: Path) -> None:
@@ -56,6 +58,10 @@ def test_drift_moves_halfway_through_the_measured_run(tmp_path: Path) -> None:
 def test_plan_rejects_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown strategies"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin,nope"))
+    with pytest.raises(ValueError, match="unknown strategies"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin@3"))
+    with pytest.raises(ValueError, match="@N"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default@0"))
     with pytest.raises(ValueError, match="positive"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "0"))
     with pytest.raises(ValueError, match="not both"):

@@ -4,13 +4,25 @@ import argparse
 
 import pytest
 
-from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, parse_range, split_strategy
+from extproc.bench.routing_options import (
+    NOFLOW,
+    PrefixShape,
+    add_shape_options,
+    parse_range,
+    service_replicas,
+    split_strategy,
+)
 from extproc.bench.routing_workloads import popularity_weights, shared_prefix_workload
 
 
 def test_strategies_run_flow_control_as_shipped_unless_told_not_to() -> None:
     assert split_strategy("default") == ("default", True)
     assert split_strategy(f"load-only{NOFLOW}") == ("load-only", False)
+    assert split_strategy(f"default{NOFLOW}@3") == ("default", False) and split_strategy("default@3")[1]
+    assert service_replicas("default@3", 1) == 3 and service_replicas("default", 2) == 2
+    for bad in ("default@0", "default@x", "default@17"):
+        with pytest.raises(ValueError):
+            service_replicas(bad, 1)
 
 
 @pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])
