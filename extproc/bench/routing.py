@@ -8,7 +8,7 @@ because a reset clears only the simulator: the service's per-endpoint state (in-
 metrics, the prefix directory) and Envoy's least-request counters and connection pools would carry over from
 the previous point, and a stack is up in a few seconds. Each point runs a short warm-up (not measured), then
 the measured open-loop run. Strategies run one after another at each rate and seed, so that the machine's
-other work affects them alike.
+other work affects them alike, in an order rotated from seed to seed.
 """
 
 from __future__ import annotations
@@ -216,9 +216,12 @@ async def run_routing(args: argparse.Namespace) -> int:
           f"{plan.capacity['rps']} req/s; kv_blocks={plan.kv_blocks} per replica (working set / replica capacity = "
           f"{plan.sizing['working_set_per_replica_capacity']}); workdir {plan.workdir}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
-    for seed in plan.seeds:
+    for turn, seed in enumerate(plan.seeds):
+        # Each seed starts with the next strategy, so that no strategy always runs first (after a stack change).
+        shift = turn % len(plan.strategies)
+        order = plan.strategies[shift:] + plan.strategies[:shift]
         for rate, load in plan.rates:
-            for strategy in plan.strategies:
+            for strategy in order:
                 try:
                     row = await _run_point(plan, strategy, rate, load, seed)
                 except Exception as exc:  # one broken point (e.g. a profile the service lacks) must not end the run

@@ -90,7 +90,7 @@ class PrefixDirectory:
 
     def _add(self, homes: tuple[str, ...], address: str) -> tuple[str, ...]:
         """`address` as the most recent home, the oldest dropped beyond `self.homes`."""
-        kept = tuple(h for h in homes if h != address) + (address,)
+        kept = (*(h for h in homes if h != address), address)
         return kept[-self.homes:]
 
     def _trim(self) -> None:
