@@ -32,7 +32,14 @@ from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_pe
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, format_table
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
-from extproc.bench.routing_metrics import SATURATED_CORES, cores_used, endpoint_counts, hit_rate, point_row
+from extproc.bench.routing_metrics import (
+    SATURATED_CORES,
+    cores_used,
+    endpoint_counts,
+    engine_ttft,
+    hit_rate,
+    point_row,
+)
 from extproc.bench.routing_options import split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_report import TABLE, aggregate, latency_by, write_reports
@@ -164,7 +171,8 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
     row = point_row(strategy, rate, samples, summary, hit_rate(metrics_before, metrics_after), pool_counts, cores)
     row.update(load=load, seed=seed, wall_s=round(wall, 2), warmup_requests=offset,
                goodput_rps=_goodput(samples, plan.slo_ttft_s, plan.duration_s),
-               tpot_p99_ms=summary["tpot_ms"]["p99"], by_phase=latency_by(samples, "phase"),
+               tpot_p99_ms=summary["tpot_ms"]["p99"], engine_ttft_ms=engine_ttft(metrics_before, metrics_after),
+               by_phase=latency_by(samples, "phase"),
                by_kind=latency_by(samples, "kind"))
     if flow is not None:
         row["flow"] = flow.as_dict()

@@ -16,7 +16,8 @@ __all__ = ["TABLE", "aggregate", "latency_by", "markdown", "plot_ttft", "series"
 
 # The median over seeds of these; "_range" keys hold "min-max" when there are several seeds.
 _MEDIANS = ("ok", "hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
-            "e2e_p50_ms", "output_tokens_per_s", "goodput_rps", "spread_cv")
+            "e2e_p50_ms", "output_tokens_per_s", "goodput_rps", "spread_cv", "engine_ttft_ms.p50",
+            "engine_ttft_ms.p90", "engine_ttft_ms.p99")
 _RANGES = ("hit_rate", "ttft_p90_ms", "ttft_p99_ms")
 _SUMS = ("errors", "flow.queued", "flow.waited_over_1s", "flow.rejected")
 
@@ -25,7 +26,8 @@ TABLE: list[Column] = [
     ("errors", "err"), ("hit_rate", "hit"), ("hit_rate_range", "hit range"), ("ttft_p50_ms", "ttft50"),
     ("ttft_p90_ms", "ttft90"), ("ttft_p90_ms_range", "ttft90 range"), ("ttft_p99_ms", "ttft99"),
     ("ttft_p99_ms_range", "ttft99 range"), ("tpot_p50_ms", "tpot50"), ("tpot_p99_ms", "tpot99"),
-    ("goodput_rps", "goodput"), ("spread_cv", "cv"), ("flow.queued", "fc_q"), ("flow.rejected", "fc_rej"),
+    ("goodput_rps", "goodput"), ("engine_ttft_ms.p90", "eng90"), ("engine_ttft_ms.p99", "eng99"),
+    ("spread_cv", "cv"), ("flow.queued", "fc_q"), ("flow.rejected", "fc_rej"),
     ("peer_ok", "peer ok"), ("max_cores", "max_core"),
 ]
 
@@ -72,7 +74,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                   "seeds": len(members)}
         for key in _MEDIANS:
             values = [v for v in (_get(m, key) for m in members) if v is not None]
-            merged[key] = round(statistics.median(values), 4) if values else None
+            _put(merged, key, round(statistics.median(values), 4) if values else None)
             if key in _RANGES and len(values) > 1:
                 merged[f"{key}_range"] = f"{min(values):g}-{max(values):g}"
         for key in _SUMS:
@@ -147,7 +149,9 @@ def markdown(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
         f"({_pairs(sizing['fleet_capacity_per_working_set'])}) x the working set.\n",
         "Medians over the seeds, ranges min-max. Latency in ms; hit = prefix-cache hit rate in tokens (delta of "
         "vllm:prefix_cache_hits / queries over all replicas); goodput = requests/s served with TTFT <= "
-        f"{meta.get('slo_ttft_s', '-')} s; cv = coefficient of variation of requests per endpoint (worst pool); "
+        f"{meta.get('slo_ttft_s', '-')} s; eng90 / eng99 = TTFT p90 / p99 as the engines saw it (queue and prefill, "
+        "interpolated in vLLM's histogram buckets: coarse, but free of the proxy path's CPU); "
+        "cv = coefficient of variation of requests per endpoint (worst pool); "
         "fc_q / fc_rej = requests flow control queued / refused; peer ok = the peer's own counters show its "
         f"policy decided; max_core = busiest process in cores (> {meta['saturation_limit_cores']} means the "
         "result may be CPU-bound).\n",

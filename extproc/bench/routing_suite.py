@@ -71,6 +71,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeat", type=int, default=3, help="seeds per point (default %(default)s)")
     parser.add_argument("--duration", type=float, default=25.0, help="measured seconds per point (default 25)")
     parser.add_argument("--warmup", type=float, default=5.0, help="warm-up seconds per point (default 5)")
+    parser.add_argument("--stream-chunk-tokens", type=int, default=16,
+                        help="tokens per SSE chunk from the simulator: fewer chunks leave more of a small machine's "
+                             "CPU to the engines and routers (TTFT is the first token, sent alone) (default 16)")
     parser.add_argument("--out", default="reports/routing", help="report directory (default %(default)s)")
     parser.add_argument("--summary-only", action="store_true",
                         help="run nothing: rebuild <out>/README.md from the cases' results.json")
@@ -82,7 +85,7 @@ def _case_args(case: Case, args: argparse.Namespace, out: Path) -> argparse.Name
     configure_routing(parser)
     argv = ["--workload", case.workload, *case.options, "--strategies", strategies, "--loads", args.loads,
             "--repeat", str(args.repeat), "--duration", f"{args.duration:g}", "--warmup", f"{args.warmup:g}",
-            "--out", str(out / case.name)]
+            "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--out", str(out / case.name)]
     parsed = parser.parse_args(argv)
     parsed.command = "extproc bench routing " + " ".join(argv)
     return parsed
