@@ -91,7 +91,8 @@ class Gateway:
         self._clock = clock
         self._sequence = 0
         self._scheduler_version = snapshots.current.version
-        self.scheduler = Scheduler(snapshots.current.policy.scheduling)
+        policy = snapshots.current.policy
+        self.scheduler = Scheduler(policy.scheduling, unshared_replicas=policy.unshared_replicas())
         self._plugin_timers = {
             name: metrics.plugin_seconds.labels(name).observe
             for profile in self.scheduler.profiles.values()
@@ -134,7 +135,7 @@ class Gateway:
         snapshot = self._snapshots.current
         if snapshot.version == self._scheduler_version:
             return
-        self.scheduler = Scheduler(snapshot.policy.scheduling)
+        self.scheduler = Scheduler(snapshot.policy.scheduling, unshared_replicas=snapshot.policy.unshared_replicas())
         self._scheduler_version = snapshot.version
         for profile in self.scheduler.profiles.values():
             for name in (*(f.name for f in profile.filters), *(w.scorer.name for w in profile.scorers),

@@ -77,6 +77,10 @@ class SharedState(Protocol):
 
     def import_shared(self, lines: Sequence[str]) -> int: ...
 
+    def unshared_replicas(self, count: int) -> None:
+        """`count` service replicas (this one included) decide alongside each other without sharing this state
+        (1: alone, or shared): the plugin must then decide alike in every replica from what they all see."""
+
 
 @runtime_checkable
 class NeedsPrefix(Protocol):

@@ -81,13 +81,19 @@ def build_profiles(config: SchedulingConfig, registry: PluginRegistry) -> dict[s
 
 
 class Scheduler:
-    """Profiles of one policy version with their plugin state (e.g. the prefix index)."""
+    """Profiles of one policy version with their plugin state (e.g. the prefix directory).
 
-    def __init__(self, config: SchedulingConfig, registry: PluginRegistry | None = None) -> None:
+    `unshared_replicas`: service replicas (this one included) that decide without sharing plugin state with
+    each other (`Policy.unshared_replicas()`: 1 when alone or when the state is shared through Redis)."""
+
+    def __init__(self, config: SchedulingConfig, registry: PluginRegistry | None = None, *,
+                 unshared_replicas: int = 1) -> None:
         if registry is None:
             registry = PluginRegistry()
             register_builtins(registry)
         self.profiles = build_profiles(config, registry)
+        for plugin in self.shared().values():
+            plugin.unshared_replicas(unshared_replicas)
 
     def profile(self, name: str) -> Profile:
         return self.profiles[name]

@@ -78,9 +78,8 @@ def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> Ca
 def build_placement_sync(policy: Policy, scheduler: Callable[[], Scheduler]) -> PlacementSync | None:
     """Prefix placements shared by the service replicas, when Redis is the limits store."""
     url = _redis_url(policy)
-    interval_ms = policy.scheduling.placement_sync_ms
-    if policy.limits.store != "redis" or not url or interval_ms <= 0:
+    if not url or not policy.shares_placements():
         return None
-    interval_s = interval_ms / 1000.0
+    interval_s = policy.scheduling.placement_sync_ms / 1000.0
     client = RespClient(Address.from_url(url), timeout_s=max(0.1, interval_s), scripts=PlacementSync.SCRIPTS)
     return PlacementSync(client, scheduler, interval_s)

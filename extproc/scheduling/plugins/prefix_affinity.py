@@ -8,8 +8,13 @@ Placement, in order:
    holding the deepest shorter prefix first (a conversation whose own endpoint is hot moves to another that
    has its system prompt), then the one with the least prefill backlog (uncached prompt tokens recently sent
    there, decaying), then the least loaded, then by rendezvous rank of the prompt's anchor (its first
-   `anchor_blocks` blocks), so independent replicas that see the same loads place alike. The next endpoint
-   in the same order is the spill (score `spill_score`).
+   `anchor_blocks` blocks). The next endpoint in the same order is the spill (score `spill_score`).
+   Service replicas that do not share their directories (several replicas, no Redis) must place a prefix alike
+   without talking, whenever each first sees it: they skip backlog and load and take the best rendezvous rank
+   among the endpoints that are not hot (consistent hashing with bounded loads). Balanced placement is worth
+   it only with one view of the fleet's placements; without it, replicas placing by load would give a prefix
+   a home each (measured in virtual time, 3 replicas, 48 prefixes of 3,000 tokens at 80% load: hit rate 0.75
+   and TTFT p99 723 ms when placing by load, 0.90 and 115 ms by rank).
 An endpoint is hot when its load (the pool's load model: scraped running + waiting plus what was sent since)
 exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gains homes as its traffic needs
 them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
@@ -68,6 +73,7 @@ class PrefixAffinityScorer:
         self.directory = PrefixDirectory(params.index_capacity, params.homes)
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
+        self._unshared = 1  # replicas placing alongside this one without sharing the directory
 
     def choices(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
         """Endpoint indexes, best first: the home, then the spill, then the rest."""
@@ -81,9 +87,15 @@ class PrefixAffinityScorer:
         deepest = max(depth)
         anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
         rank = [rendezvous(anchor, a) for a in addresses]
-        backlog = [round(self.backlog.tokens(a, request.now) / _BACKLOG_BUCKET) for a in addresses]
-        order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
-        follow = [i for i in range(count) if deepest and depth[i] == deepest and loads[i] <= hot]
+        if self._unshared > 1:  # alike in every replica: rank decides among the endpoints that are not hot
+            backlog = [0] * count
+            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], -rank[i]))
+        else:
+            backlog = [round(self.backlog.tokens(a, request.now) / _BACKLOG_BUCKET) for a in addresses]
+            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
+        # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
+        near = deepest - self.directory.share_every + 1
+        follow = [i for i in range(count) if deepest and depth[i] >= near and loads[i] <= hot]
         if follow:
             home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             order.remove(home)
@@ -114,6 +126,9 @@ class PrefixAffinityScorer:
                 del self._outbox[: len(self._outbox) - _OUTBOX_LIMIT]
 
     # -- shared with the other service replicas ---------------------------------------------------------
+    def unshared_replicas(self, count: int) -> None:
+        self._unshared = max(1, count)
+
     def export_shared(self) -> list[str]:
         """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""
         outbox, self._outbox = self._outbox or [], []

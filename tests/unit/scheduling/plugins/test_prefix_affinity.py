@@ -123,3 +123,37 @@ def test_placements_carry_to_another_replica() -> None:
     assert home(replica_b, follow_up, endpoints) != placed
     assert replica_b.import_shared([*lines, "", "10.0.0.9:8000 not-a-hash", "10.0.0.9:8000 -5"]) == len(lines)
     assert home(replica_b, follow_up, endpoints) == placed
+
+
+def test_replicas_that_share_nothing_place_by_rank_whatever_their_load_views() -> None:
+    view_a, view_b = fleet(8), fleet(8)
+    replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
+    for scorer in (replica_a, replica_b):
+        scorer.unshared_replicas(3)
+    for system in SYSTEMS[:12]:
+        first_choice = home(replica_a, system, view_a)
+        loaded(view_a, first_choice, 4)  # a sees its first choice busier than b does (not hot: hot is 12.5+)
+        assert home(replica_a, system, view_a) == first_choice == home(replica_b, system, view_b)
+        loaded(view_a, first_choice, 0)
+    balanced = PrefixAffinityScorer("alone", Params())  # alone (or shared): the load decides
+    first_choice = home(balanced, SYSTEMS[0], view_a)
+    loaded(view_a, first_choice, 4)
+    assert home(balanced, SYSTEMS[0], view_a) != first_choice
+    loaded(view_a, first_choice, 40)  # hot: even replicas sharing nothing place elsewhere
+    assert home(replica_a, SYSTEMS[0], view_a) != first_choice
+
+
+def test_a_home_learned_from_another_replica_counts_as_deep_as_one_placed_here() -> None:
+    endpoints = fleet(8)
+    replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
+    replica_a.export_shared()
+    # 22 blocks of system prompt (1,424 characters), then a question of many blocks.
+    placed_by_a = send(replica_a, SYSTEMS[5] + " a long question" * 30, endpoints)
+    replica_b.import_shared(replica_a.export_shared())  # every fourth block and the last: b knows 20 deep
+    others = [i for i in range(8) if i != placed_by_a]
+    replica_b.observe(request(SYSTEMS[5] + " another one" * 30), endpoints[others[0]])  # b placed it too: 22
+    loaded(endpoints, others[0], 3)
+    loaded(endpoints, placed_by_a, 1)
+    assert home(replica_b, SYSTEMS[5] + " next question", endpoints) == placed_by_a  # the less loaded home
+    loaded(endpoints, placed_by_a, 5)
+    assert home(replica_b, SYSTEMS[5] + " next question", endpoints) == others[0]
