@@ -42,8 +42,9 @@ BUILTIN_PLUGINS = _plugins(
     ("random", "random-picker", {}),
 )
 BUILTIN_PROFILE_CONFIGS = (
-    # Prefix affinity dominates (weight 3) while its own load bound and the saturation filter keep a
-    # hot prefix from overloading one endpoint; queue and KV scores break ties towards idle endpoints.
+    # Prefix affinity dominates (weight 3; its home outscores its spill by 2.4, more than queue and KV can add)
+    # while its hot threshold and the saturation filter keep a hot prefix from overloading one endpoint; queue
+    # and KV scores order the other endpoints (fallbacks, and requests without a prefix).
     _profile("default", ("saturation", 1), ("prefix", 3), ("queue", 1), ("kv", 1), ("lora", 1), ("max-score", 1)),
     _profile("load-only", ("saturation", 1), ("queue", 1), ("kv", 1), ("inflight", 1), ("lora", 1),
              ("max-score", 1)),

@@ -2,7 +2,9 @@ from __future__ import annotations
 
 from collections import Counter
 
+from extproc.config.schema import SchedulingConfig
 from extproc.endpoints import Endpoint
+from extproc.scheduling import Scheduler
 from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinityScorer
 from tests.unit.scheduling.helpers import endpoint, fleet, request
 
@@ -157,3 +159,18 @@ def test_a_home_learned_from_another_replica_counts_as_deep_as_one_placed_here()
     assert home(replica_b, SYSTEMS[5] + " next question", endpoints) == placed_by_a  # the less loaded home
     loaded(endpoints, placed_by_a, 5)
     assert home(replica_b, SYSTEMS[5] + " next question", endpoints) == others[0]
+
+
+def test_in_the_default_profile_queue_and_kv_scores_never_outweigh_the_home() -> None:
+    scheduler = Scheduler(SchedulingConfig())
+    endpoints = fleet(4)
+    prompt = SYSTEMS[6] + " question"
+    chosen = scheduler.schedule("default", request(prompt), endpoints, 2)
+    scheduler.profile("default").observe(request(prompt), chosen[0])
+    home_index = endpoints.index(chosen[0])
+    spill_index = endpoints.index(chosen[1])
+    # The home is the most queued endpoint with the fullest cache (not full: nothing makes it saturated), the
+    # spill idle with an empty cache; the home is not hot (hot: 1.5 x 1.5 + 8).
+    endpoints[home_index] = endpoint(endpoints[home_index].address, running=4, waiting=2, kv=0.9)
+    endpoints[spill_index] = endpoint(endpoints[spill_index].address, kv=0.0)
+    assert scheduler.schedule("default", request(prompt + " again"), endpoints, 1)[0] is endpoints[home_index]
