@@ -51,12 +51,10 @@ class PrefixDirectory:
                 break
         return found
 
-    def record(self, blocks: Sequence[int], address: str) -> tuple[int, list[int]]:
-        """`blocks` were sent to `address`: returns (how many leading blocks it already held, by this
-        directory; the hashes to share with other replicas)."""
+    def record(self, blocks: Sequence[int], address: str) -> list[int]:
+        """`blocks` were sent to `address`; returns the hashes to share with other replicas: of the blocks that
+        were not known at `address` yet, every `share_every`-th one and the last."""
         index = self._blocks
-        held = 0
-        leading = True
         fresh: list[int] = []
         for position, block in enumerate(blocks):
             homes = index.get(block)
@@ -68,14 +66,10 @@ class PrefixDirectory:
                 if not known or homes[-1] != address:
                     index[block] = self._add(homes, address)
                 index.move_to_end(block)
-            if leading and known:
-                held += 1
-            else:
-                leading = False
-                if (position + 1) % self.share_every == 0 or position == len(blocks) - 1:
-                    fresh.append(block)
+            if not known and ((position + 1) % self.share_every == 0 or position == len(blocks) - 1):
+                fresh.append(block)
         self._trim()
-        return held, fresh
+        return fresh
 
     def learn(self, hashes: Iterable[int], address: str) -> None:
         """Another replica sent prompts with these prefixes to `address`."""
