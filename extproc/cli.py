@@ -16,6 +16,8 @@ from typing import Any
 
 from extproc.config import ConfigError, load_policy
 
+log = logging.getLogger(__name__)
+
 
 def _run_async(main: Coroutine[Any, Any, int]) -> int:
     try:
@@ -29,8 +31,39 @@ def _run_async(main: Coroutine[Any, Any, int]) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from extproc.server import run
 
+    if args.workers is not None and args.workers < 1:
+        print("--workers takes a positive number", file=sys.stderr)
+        return 2
+    if args.worker is None and (args.workers or load_policy(args.config).service.workers) > 1:
+        return _run_async(_supervise(args))
+    worker = None
+    if args.worker is not None:
+        index, _, count = args.worker.partition("/")
+        worker = (int(index), int(count))
     return _run_async(run(Path(args.config), grace_s=args.grace, grpc_port=args.grpc_port, admin_port=args.admin_port,
-                          drain_delay_s=args.drain_delay))
+                          drain_delay_s=args.drain_delay, worker=worker))
+
+
+async def _supervise(args: argparse.Namespace) -> int:
+    from extproc.server.workers import Supervisor
+
+    service = load_policy(args.config).service  # config errors end here, before any worker starts
+    admin_port = args.admin_port if args.admin_port is not None else service.admin_port
+    workers = args.workers or service.workers
+    if workers != service.workers:
+        log.warning("--workers %d, service.workers %d: Envoy's rendered configuration follows the policy (set "
+                    "service.workers there, or Envoy's streams may not spread over the workers)", workers,
+                    service.workers)
+
+    def argv(index: int) -> list[str]:
+        command = [sys.executable, "-m", "extproc", "--log-level", args.log_level, "serve", "--config", args.config,
+                   "--worker", f"{index}/{workers}", "--grace", str(args.grace), "--drain-delay",
+                   str(args.drain_delay), "--admin-port", str(admin_port)]
+        return command + (["--grpc-port", str(args.grpc_port)] if args.grpc_port is not None else [])
+
+    supervisor = Supervisor(workers, argv, service.admin_host, admin_port,
+                            args.grace + args.drain_delay + 5)
+    return await supervisor.run()
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -169,7 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=handler)
         return sub
 
-    serve = add("serve", _cmd_serve, "Run the ext_proc service (gRPC ext_proc + health, admin HTTP).")
+    serve = add("serve", _cmd_serve, "Run the ext_proc service (gRPC ext_proc + health, admin HTTP); with "
+                                     "service.workers above 1, a supervisor and that many service processes.")
     serve.add_argument("--config", required=True, help="policy YAML file")
     serve.add_argument("--grace", type=float, default=10.0, help="seconds to drain in-flight streams on SIGTERM")
     serve.add_argument("--drain-delay", type=float, default=3.0,
@@ -177,6 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "health check moves new streams to other replicas first (default 3)")
     serve.add_argument("--grpc-port", type=int, help="override service.grpc_port (several replicas on one host)")
     serve.add_argument("--admin-port", type=int, help="override service.admin_port")
+    serve.add_argument("--workers", type=int, help="override service.workers: service processes sharing the gRPC "
+                                                   "port under a supervisor (default: the policy's, 1)")
+    serve.add_argument("--worker", help=argparse.SUPPRESS)  # I/N: set by the supervisor for its workers
 
     validate = add("validate", _cmd_validate, "Validate policy files; prints file:line errors, exit 1 on any.")
     validate.add_argument("files", nargs="+", help="policy YAML files")

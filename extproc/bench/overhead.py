@@ -3,16 +3,20 @@
 One Envoy serves three listeners: a `direct_response` backend (so no simulator is the bottleneck), the
 rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
 (router only, same backend). The same requests go through both, in alternating rounds so machine
-noise falls on both alike; the difference is what our filter costs.
+noise falls on both alike; the difference is what our filter costs. With several `--store` values
+(e.g. memory,redis) each store gets its own service and Envoy, and the rounds alternate over all of
+them, so the stores are compared in one run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +30,16 @@ from extproc.bench.procs import (
     metric_sums,
     self_cpu_seconds,
     start_redis,
+    tree_cpu_seconds,
     wait_http_ok,
     wait_port,
 )
 from extproc.bench.report import format_table, write_json
-from extproc.bench.stack import PYTHON, free_ports
+from extproc.bench.stack import PYTHON, free_port_block, free_ports
 from extproc.bench.stats import summarize
 from extproc.config import Policy, parse_policy
 from extproc.guard import DETECTORS
+from extproc.telemetry.metrics import PHASE_CPU, PHASES, STREAMS
 from extproc.xds import find_envoy
 from extproc.xds.render import render_static
 
@@ -55,9 +61,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--envoy-concurrency", type=int, default=1, help="Envoy worker threads (default 1)")
     parser.add_argument("--json", metavar="FILE", default="reports/overhead.json", help="report path")
     parser.add_argument("--workdir", metavar="DIR", help="where config and logs go (default: temp)")
-    parser.add_argument("--store", choices=["none", "memory", "redis"], default="none",
-                        help="limits admission on every request through this store (default none: no limits); "
-                             "redis starts a redis-server; compare runs to see the store's cost")
+    parser.add_argument("--store", default="none",
+                        help="limits admission on every request through this store: none (default: no limits), "
+                             "memory or redis (starts a redis-server); several, comma-separated (memory,redis), "
+                             "are compared in one run")
     parser.add_argument("--redis-server", default="redis-server", help="redis-server binary (with --store redis)")
     parser.add_argument("--guard", choices=["none", "builtin"], default="none",
                         help="content guard on every request: none, or builtin = every built-in detector "
@@ -65,9 +72,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-chars", type=int, default=0,
                         help="prompt length in characters (prose with one e-mail address per ~1 KiB); "
                              "default 0: the short prompt 'Say ok.'")
-    parser.add_argument("--optimistic", choices=["on", "off"], default="on",
-                        help="with --store redis: limits.optimistic_admission (default on; off = every admission "
+    parser.add_argument("--slices", choices=["on", "off"], default="on",
+                        help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
+    parser.add_argument("--workers", default="1",
+                        help="service processes (service.workers) of the first store's variant; several, "
+                             "comma-separated (1,2), each get their own service and Envoy in the same run")
+    parser.add_argument("--trivial", choices=["on", "off"], default="on",
+                        help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
+                             "same Envoy configuration: the floor that grpc.aio and the event loop cost")
 
 
 def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
@@ -122,102 +135,219 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
     return {"requests": summary["total"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"]}
 
 
-async def run_overhead(args: argparse.Namespace) -> int:
-    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
-    grpc_port, admin_port, gw_port, envoy_admin, direct_port, bare_port, redis_port = free_ports(7)
+def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, direct_port: int,
+            redis_port: int, workers: int) -> Path:
+    grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
+    if workers > 1:  # the supervisor's admin port, its workers' right after it
+        admin_port = free_port_block(workers + 1)
     policy_doc: dict[str, Any] = {
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "workers": workers},
         "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
         "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
     }
-    if args.store != "none":  # every dimension checked, never refusing: the cost of admission itself
+    if store not in ("none", "trivial"):  # every dimension checked, never refusing: the cost of admission itself
         policy_doc["tiers"] = {"default": {"limits": {"requests_per_s": 1e6, "concurrency": 100_000,
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
-        policy_doc["limits"] = {"store": args.store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
-                                "optimistic_admission": args.optimistic == "on"}
-    if args.guard == "builtin":
+        policy_doc["limits"] = {"store": store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
+                                "slices": args.slices == "on"}
+    if args.guard == "builtin" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules()}
-    _spec = _request_spec(args.prompt_chars)
-    workdir.mkdir(parents=True, exist_ok=True)
-    policy_path = workdir / "policy.yaml"
-    policy_path.write_text(yaml.safe_dump(policy_doc))
+    path = workdir / f"policy-{name}.yaml"
+    path.write_text(yaml.safe_dump(policy_doc))
+    return path
+
+
+@dataclass
+class Target:
+    """One variant behind its own Envoy listener: our service (its processes and admin URL), the trivial
+    processor, or none (Envoy alone)."""
+
+    name: str
+    port: int
+    pid: int | None = None  # the service's (or supervisor's) process; its workers are its children
+    admin: str | None = None
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, str, int]] | str:
+    """(variant name, store, workers) per service to start, or an error message."""
+    stores = [name.strip() for name in args.store.split(",") if name.strip()]
+    if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
+        return f"--store takes distinct values among none, memory, redis; got {args.store!r}"
+    try:
+        workers = sorted({int(n) for n in args.workers.split(",") if n.strip()})
+    except ValueError:
+        workers = []
+    if not workers or workers[0] < 1:
+        return f"--workers takes positive integers, comma-separated; got {args.workers!r}"
+    single = len(stores) == 1 and len(workers) == 1
+    variants = [(f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0]) for store in stores]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n) for n in workers[1:]]
+    if args.trivial == "on":
+        variants.append(("trivial", "trivial", 1))
+    return variants
+
+
+async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: tuple[str, str, int],
+                 first: bool, ports: tuple[int, int, int]) -> Target:
+    name, store, workers = variant
+    direct_port, bare_port, redis_port = ports
+    policy_path = _policy(workdir, name.replace("[", "-").replace("]", ""), store, args, direct_port, redis_port,
+                          workers)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
-    envoy_config = workdir / "envoy.yaml"
-    envoy_config.write_text(yaml.safe_dump(bench_bootstrap(policy, direct_port, bare_port), sort_keys=False))
-    variants = {"with_extproc": gw_port, "envoy_only": bare_port}
-    report: dict[str, Any] = {"store": args.store, "optimistic": args.optimistic, "guard": args.guard,
-                              "prompt_chars": args.prompt_chars, "rate": args.rate,
-                              "duration_s": args.duration, "rounds": args.rounds,
+    envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
+    bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
+    envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
+    label = policy_path.stem.removeprefix("policy-")
+    admin: str | None = None
+    if store == "trivial":
+        service = await group.start(label, [PYTHON, "-m", "extproc.bench.trivial", "--port",
+                                            str(policy.service.grpc_port), "--set", "x-gateway-pool=bench", "--set",
+                                            f"x-gateway-destination-endpoint=127.0.0.1:{direct_port}"])
+        await wait_port("127.0.0.1", policy.service.grpc_port, 30, child=service)
+    else:
+        service = await group.start(label, [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
+                                            "--config", str(policy_path)])
+        admin = f"http://127.0.0.1:{policy.service.admin_port}"
+        await wait_http_ok(f"{admin}/readyz", 30, child=service)
+    envoy = await group.start(f"envoy-{label}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
+                                                 "--concurrency", str(args.envoy_concurrency),
+                                                 "--disable-hot-restart"])
+    await wait_http_ok(f"http://127.0.0.1:{policy.envoy.admin_port}/ready", 30, child=envoy)
+    return Target(name, policy.envoy.listen_port, service.pid, admin)
+
+
+def _rows(fixed: dict[str, Any], maximum: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
+             "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
+             "cpu_us": v.get("cpu_us_per_request"), "max_rps": maximum[name]["achieved_rps"],
+             "cpu_us_at_max": maximum[name].get("cpu_us_per_request")} for name, v in fixed.items()]
+
+
+async def _phases(admin: str) -> dict[str, float]:
+    """The service's own per-phase CPU seconds and exchange count (sums over its workers)."""
+    names = {phase: f'{PHASE_CPU}{{phase="{phase}"}}' for phase in PHASES}
+    sums = await metric_sums([admin], [STREAMS, *names.values()])
+    return {"exchanges": sums[STREAMS], **{phase: sums[name] for phase, name in names.items()}}
+
+
+async def run_overhead(args: argparse.Namespace) -> int:
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="extproc-bench-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    variants = _variants(args)
+    if isinstance(variants, str):
+        print(variants, file=sys.stderr)
+        return 2
+    stores = {store for _, store, _ in variants}
+    direct_port, bare_port, redis_port = free_ports(3)
+    ports = (direct_port, bare_port, redis_port)
+    _spec = _request_spec(args.prompt_chars)
+    report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
+                              "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
+                              "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     async with ProcessGroup(workdir / "logs") as group:
-        if args.store == "redis":
-            await start_redis(group, redis_port, args.redis_server)
-        service = await group.start("service", [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
-                                                "--config", str(policy_path)])
-        await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=service)
-        envoy = await group.start("envoy", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
-                                            "--concurrency", str(args.envoy_concurrency), "--disable-hot-restart"])
-        await wait_http_ok(f"http://127.0.0.1:{envoy_admin}/ready", 30, child=envoy)
-        for port in variants.values():
-            await wait_port("127.0.0.1", port, 10, child=envoy)
+        if "redis" in stores:
+            await start_redis(group, ports[2], args.redis_server)
+        # One service + Envoy per variant; the first Envoy also serves the backend and the bare listener.
+        targets = [await _start(group, workdir, args, variant, index == 0, ports)
+                   for index, variant in enumerate(variants)]
+        targets.append(Target("envoy_only", ports[1]))
+        for target in targets:
+            await wait_port("127.0.0.1", target.port, 10)
         print(f"warming up (2 s per variant); logs in {workdir / 'logs'}", file=sys.stderr)
-        for port in variants.values():
-            await run_open_loop("127.0.0.1", port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
-        samples: dict[str, list[Sample]] = {name: [] for name in variants}
+        for target in targets:
+            await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
+        samples: dict[str, list[Sample]] = {target.name: [] for target in targets}
+        cpu: dict[str, float] = {target.name: 0.0 for target in targets if target.pid is not None}
+        phases: dict[str, dict[str, float]] = {}
         round_s = args.duration / args.rounds
-        cpu_before = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
         for index in range(args.rounds):
-            order = list(variants.items()) if index % 2 == 0 else list(reversed(variants.items()))
-            for name, port in order:
-                print(f"round {index + 1}/{args.rounds}: {name} at {args.rate:g} req/s for {round_s:g} s",
+            order = targets[index % len(targets):] + targets[:index % len(targets)]  # each variant leads in turn
+            for target in order:
+                print(f"round {index + 1}/{args.rounds}: {target.name} at {args.rate:g} req/s for {round_s:g} s",
                       file=sys.stderr)
-                samples[name] += await run_open_loop("127.0.0.1", port, _spec, rate=args.rate,
-                                                     duration_s=round_s, arrival="fixed", seed=index)
-        cpu_after = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+                started = tree_cpu_seconds(target.pid) if target.pid is not None else 0.0
+                before = await _phases(target.admin) if target.admin else {}
+                samples[target.name] += await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
+                                                            duration_s=round_s, arrival="fixed", seed=index)
+                if target.pid is not None:
+                    cpu[target.name] += tree_cpu_seconds(target.pid) - started
+                if target.admin:
+                    after = await _phases(target.admin)
+                    total = phases.setdefault(target.name, {})
+                    for key, value in after.items():
+                        total[key] = total.get(key, 0.0) + value - before.get(key, 0.0)
         fixed = {name: _latency(s) for name, s in samples.items()}
-        with_ms, without_ms = fixed["with_extproc"]["e2e_ms"], fixed["envoy_only"]["e2e_ms"]
-        added = {q: round(with_ms[q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
-                 if with_ms[q] is not None and without_ms[q] is not None}
-        requests_with = fixed["with_extproc"]["requests"]
+        without_ms = fixed["envoy_only"]["e2e_ms"]
+        for name, seconds in cpu.items():
+            fixed[name]["cpu_us_per_request"] = round(seconds / max(1, fixed[name]["requests"]) * 1e6, 1)
+        for name, total in phases.items():
+            exchanges = max(1.0, total.pop("exchanges"))
+            per_phase = {phase: round(seconds / exchanges * 1e6, 1) for phase, seconds in sorted(total.items())}
+            per_phase["grpc_and_loop"] = round(fixed[name]["cpu_us_per_request"] - sum(per_phase.values()), 1)
+            fixed[name]["cpu_us_per_phase"] = per_phase
+        added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
+                        if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in cpu}
         report["fixed_rate"] = fixed
         report["added_ms"] = added
-        report["cpu_seconds_during_fixed_rate"] = {
-            "service": round(cpu_after[0] - cpu_before[0], 3), "envoy": round(cpu_after[1] - cpu_before[1], 3),
-            "client": round(cpu_after[2] - cpu_before[2], 3),
-        }
-        report["service_cpu_us_per_request"] = round(
-            (cpu_after[0] - cpu_before[0]) / max(1, requests_with) * 1e6, 1)
         maximum: dict[str, Any] = {}
-        for name, port in variants.items():
-            print(f"max throughput: {name}, {args.concurrency} workers for {args.max_duration:g} s", file=sys.stderr)
-            before = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
-            result = await run_closed_loop("127.0.0.1", port, _spec, concurrency=args.concurrency,
+        envoy_pids = {target.name: pid for target, pid in zip(targets, _envoy_pids(group, targets), strict=True)}
+        for target in targets:
+            print(f"max throughput: {target.name}, {args.concurrency} workers for {args.max_duration:g} s",
+                  file=sys.stderr)
+            pid = target.pid if target.pid is not None else None
+            before_cpu = (tree_cpu_seconds(pid) if pid else 0.0, cpu_seconds(envoy_pids[target.name]),
+                          self_cpu_seconds())
+            result = await run_closed_loop("127.0.0.1", target.port, _spec, concurrency=args.concurrency,
                                            duration_s=args.max_duration)
-            after = (cpu_seconds(service.pid), cpu_seconds(envoy.pid), self_cpu_seconds())
+            after_cpu = (tree_cpu_seconds(pid) if pid else 0.0, cpu_seconds(envoy_pids[target.name]),
+                         self_cpu_seconds())
             summary = summarize(result)
-            maximum[name] = {
+            maximum[target.name] = {
                 "achieved_rps": summary["achieved_rps"], "errors": summary["errors"], "e2e_ms": summary["e2e_ms"],
                 "cpu_share": {k: round((a - b) / summary["duration_s"], 3) for k, a, b in
-                              zip(("service", "envoy", "client"), after, before, strict=True)},
+                              zip(("service", "envoy", "client"), after_cpu, before_cpu, strict=True)},
             }
+            if pid:
+                maximum[target.name]["cpu_us_per_request"] = round(
+                    (after_cpu[0] - before_cpu[0]) / max(1, summary["total"]) * 1e6, 1)
         report["max_throughput"] = maximum
-        if args.store == "redis":
-            counts = await metric_sums([f"http://127.0.0.1:{admin_port}"], [*ADMISSION_PATHS, DEGRADED])
-            report["admissions"] = {path: int(counts[name]) for path, name in zip(("optimistic", "awaited"),
+        if "redis" in stores:
+            redis_admin = next(t.admin for t, v in zip(targets, variants, strict=False) if v[1] == "redis")
+            assert redis_admin is not None
+            counts = await metric_sums([redis_admin], [*ADMISSION_PATHS, DEGRADED])
+            report["admissions"] = {path: int(counts[name]) for path, name in zip(("slice", "awaited"),
                                                                                   ADMISSION_PATHS, strict=True)}
             report["degraded_admits"] = int(counts[DEGRADED])
-    rows = [{"variant": name, "p50_ms": v["e2e_ms"]["p50"], "p95_ms": v["e2e_ms"]["p95"],
-             "p99_ms": v["e2e_ms"]["p99"], "errors": sum(v["errors"].values()),
-             "max_rps": maximum[name]["achieved_rps"]} for name, v in fixed.items()]
-    print(format_table(rows, ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "max_rps"]))
-    print(f"[store: {args.store}, guard: {args.guard}, prompt: {args.prompt_chars} chars] "
-          f"added by ext_proc at {args.rate:g} req/s: p50 {added.get('p50')} ms, "
-          f"p99 {added.get('p99')} ms; "
-          f"service CPU {report['service_cpu_us_per_request']} us/request")
+    print(format_table(_rows(fixed, maximum),
+                       ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "cpu_us", "max_rps", "cpu_us_at_max"]))
+    for name, extra in added.items():
+        print(f"[{name}, guard: {args.guard}, prompt: {args.prompt_chars} chars] added at {args.rate:g} req/s: "
+              f"p50 {extra.get('p50')} ms, p99 {extra.get('p99')} ms; service CPU "
+              f"{fixed[name]['cpu_us_per_request']} us/request")
+        if "cpu_us_per_phase" in fixed[name]:
+            print(f"    CPU us/request by phase: {fixed[name]['cpu_us_per_phase']}")
+    if "trivial" in maximum:
+        floor = maximum["trivial"]["achieved_rps"] or 1.0
+        report["of_trivial_max_rps"] = {name: round(m["achieved_rps"] / floor, 3) for name, m in maximum.items()
+                                        if name.startswith("with_extproc")}
+        print(f"saturated req/s as a share of the trivial processor's, same run: {report['of_trivial_max_rps']}")
+    if "with_extproc[memory]" in added and "with_extproc[redis]" in added:
+        difference = {q: round(added["with_extproc[redis]"][q] - added["with_extproc[memory]"][q], 3)
+                      for q in ("p50", "p99")}
+        report["redis_minus_memory_ms"] = difference
+        print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")
+    print(f"{os.cpu_count()} cores: the service, its workers, Envoy and the load generator share them")
     path = write_json(args.json, report)
     print(f"report written to {path}")
     errors = sum(sum(v["errors"].values()) for v in fixed.values())
     return 0 if errors == 0 else 1
+
+
+def _envoy_pids(group: ProcessGroup, targets: list[Target]) -> list[int]:
+    """Each target's Envoy (envoy_only is served by the first one)."""
+    envoys = [child.pid for child in group.children if child.name.startswith("envoy-")]
+    return [envoys[index] if index < len(envoys) else envoys[0] for index in range(len(targets))]

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import os
+import re
 import signal
-import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from urllib.parse import urlsplit
 
 from extproc.bench.httpclient import HttpClient, RequestError
+from extproc.server.workers import die_with_parent
 
 __all__ = [
     "Child",
@@ -29,12 +29,12 @@ __all__ = [
     "ProcessGroup",
     "cpu_seconds",
     "self_cpu_seconds",
+    "tree_cpu_seconds",
     "wait_file",
     "wait_http_ok",
     "wait_port",
 ]
 
-_PR_SET_PDEATHSIG = 1
 
 
 class ChildExited(RuntimeError):
@@ -98,27 +98,25 @@ def cpu_seconds(pid: int, *, include_children: bool = False) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds of `pid` and every live descendant (a supervisor and its workers), plus the children it
+    reaped; a descendant that exits between two reads loses its last moments."""
+    total = 0.0
+    pending = [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            total += cpu_seconds(current, include_children=current == pid)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                pending += [int(child) for child in (task / "children").read_text().split()]
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+    return total
+
+
 def self_cpu_seconds() -> float:
     """CPU time (user+system, all threads) of this process."""
     return time.process_time()
-
-
-def _die_with_parent_hook() -> Callable[[], None] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-    term = int(signal.SIGTERM)
-
-    def hook() -> None:  # runs in the forked child before exec: no imports, no allocations to speak of
-        prctl(_PR_SET_PDEATHSIG, term)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), term)
-
-    return hook
 
 
 def _check_alive(child: Child | None) -> None:
@@ -216,7 +214,7 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **env} if env is not None else None
-        hook = _die_with_parent_hook() if self._die_with_parent else None
+        hook = die_with_parent() if self._die_with_parent else None
         with log_path.open("ab") as log:
             process = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
@@ -282,9 +280,12 @@ class ProcessGroup:
             raise
 
 
+_WORKER_LABEL = re.compile(r'worker="\d+",?')
+
+
 async def metric_sums(admin_urls: Sequence[str], names: Sequence[str]) -> dict[str, float]:
     """Each Prometheus sample name in `names` (with labels as exposed, e.g. 'x{path="a"}') summed over
-    the services' /metrics; absent samples are 0. Unreachable services count nothing."""
+    the services' /metrics and their workers; absent samples are 0. Unreachable services count nothing."""
     sums = dict.fromkeys(names, 0.0)
     async with HttpClient() as client:
         for url in admin_urls:
@@ -296,6 +297,8 @@ async def metric_sums(admin_urls: Sequence[str], names: Sequence[str]) -> dict[s
                 continue
             for line in response.body.decode("utf-8", "replace").splitlines():
                 name, _, value = line.rpartition(" ")
+                if 'worker="' in name:  # `serve --workers N`: the supervisor labels each worker's samples
+                    name = _WORKER_LABEL.sub("", name).replace(",}", "}").replace("{}", "")
                 if name in sums:
                     sums[name] += float(value)
     return sums

@@ -18,10 +18,8 @@ from prometheus_client import CollectorRegistry
 
 from extproc.bench.report import format_table, write_json
 from extproc.config import parse_policy
-from extproc.endpoints import EndpointMetrics, EndpointRegistry
-from extproc.gateway import Gateway, RequestHead, SnapshotHolder
-from extproc.openai import Api, parse_request
-from extproc.scheduling import Scheduler
+from extproc.endpoints import EndpointMetrics
+from extproc.gateway import BodyPhase, Decision, Gateway, RequestHead, RuntimeHolder, build_gateway
 from extproc.telemetry import GatewayMetrics
 
 _WORDS = ("gpu", "token", "cache", "prefix", "stream", "latency", "envoy", "router", "batch", "model")
@@ -53,19 +51,31 @@ def _percentiles(samples_s: list[float]) -> dict[str, float]:
     return {"p50_us": at(0.50), "p99_us": at(0.99), "max_us": round(ordered[-1] * 1e6, 1)}
 
 
+def _gateway(policy_json: dict[str, Any]) -> tuple[Gateway, RuntimeHolder]:
+    runtimes = RuntimeHolder(parse_policy(json.dumps(policy_json)))
+    return build_gateway(runtimes, GatewayMetrics(CollectorRegistry())).gateway, runtimes
+
+
+def _decide(phase: BodyPhase) -> Decision:
+    """Run a body phase that needs no store and no queue (no limits; flow control finds room) to its end."""
+    try:
+        waited = next(phase)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    raise RuntimeError(f"the benchmark's decision waited on {waited!r}")
+
+
 def run_case(endpoints: int, iterations: int, profile: str, prompt_chars: int) -> dict[str, Any]:
-    addresses = [f"10.0.0.{i + 1}:8000" for i in range(endpoints)]
-    policy = parse_policy(json.dumps({"pools": [{"name": "p", "model": "m", "profile": profile,
-                                                 "endpoints": addresses}]}))
-    registry = EndpointRegistry()
-    gateway = Gateway(SnapshotHolder(policy), registry, GatewayMetrics(CollectorRegistry()))
+    addresses = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(endpoints)]
+    gateway, runtimes = _gateway({"pools": [{"name": "p", "model": "m", "profile": profile, "endpoints": addresses}]})
+    runtime = runtimes.current
+    pool = runtime.pools["p"]
     rng = random.Random(prompt_chars)
     now = time.monotonic()
-    pool = registry.pool("p")
-    assert pool is not None
     for endpoint in pool.endpoints:
-        endpoint.metrics = EndpointMetrics(scraped_at=now + 3600, running=rng.randint(0, 16),
-                                           waiting=rng.randint(0, 4), kv_usage=rng.random())
+        endpoint.scraped(EndpointMetrics(scraped_at=now + 3600, running=rng.randint(0, 16),
+                                         waiting=rng.randint(0, 4), kv_usage=rng.random()), 0,
+                         runtime.policy.saturation)
     systems = [_prompt(rng, prompt_chars) for _ in range(8)]
     bodies = [json.dumps({"model": "m", "max_tokens": 64, "messages": [
         {"role": "system", "content": systems[i % 8]}, {"role": "user", "content": f"question {i}"}]}).encode()
@@ -73,18 +83,18 @@ def run_case(endpoints: int, iterations: int, profile: str, prompt_chars: int) -
     head = RequestHead("POST", "/v1/chat/completions", {})
     full: list[float] = []
     scheduling: list[float] = []
-    scheduler = Scheduler(policy.scheduling)
+    schedule = gateway.stages.schedule
     for i in range(iterations):
         body = bodies[i % len(bodies)]
-        exchange, _ = gateway.request_headers(head)
+        exchange, _ = gateway.headers(head)
         started = time.perf_counter()
-        gateway.request_body(exchange, body)
+        _decide(gateway.body(exchange, body))
         full.append(time.perf_counter() - started)
         gateway.finish(exchange)
-        request = parse_request(Api.CHAT, body, max_bytes=policy.bounds.max_body_bytes, max_depth=32)
-        exchange.request = request
+        assert exchange.caller is not None and exchange.resolved is not None
+        request = schedule.request(exchange.caller, exchange.resolved, pool)
         started = time.perf_counter()
-        scheduler.schedule(profile, gateway.scheduling_request(exchange, request), pool.endpoints, 3)
+        runtime.scheduler.schedule(profile, request, pool.endpoints, 3)
         scheduling.append(time.perf_counter() - started)
     return {"prompt_chars": prompt_chars, "approx_tokens": prompt_chars // 4, "body_phase": _percentiles(full),
             "scheduling_only": _percentiles(scheduling)}
@@ -92,17 +102,16 @@ def run_case(endpoints: int, iterations: int, profile: str, prompt_chars: int) -
 
 def run_hostile(endpoints: int, iterations: int = 20, messages: int = 100_000) -> dict[str, Any]:
     """CPU time of the body phase for a body of `messages` tiny messages (the gateway's own bounds apply)."""
-    addresses = [f"10.0.0.{i + 1}:8000" for i in range(endpoints)]
-    policy = parse_policy(json.dumps({"pools": [{"name": "p", "model": "m", "endpoints": addresses}]}))
-    gateway = Gateway(SnapshotHolder(policy), EndpointRegistry(), GatewayMetrics(CollectorRegistry()))
+    addresses = [f"10.0.{i // 250}.{i % 250 + 1}:8000" for i in range(endpoints)]
+    gateway, _ = _gateway({"pools": [{"name": "p", "model": "m", "endpoints": addresses}]})
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}] * messages}).encode()
     head = RequestHead("POST", "/v1/chat/completions", {})
     spent: list[float] = []
     status = 0
     for _ in range(iterations):
-        exchange, _ = gateway.request_headers(head)
+        exchange, _ = gateway.headers(head)
         started = time.thread_time()
-        decision = gateway.request_body(exchange, body)
+        decision = _decide(gateway.body(exchange, body))
         spent.append(time.thread_time() - started)
         status = getattr(decision, "status", 200)
         gateway.finish(exchange)

@@ -36,6 +36,27 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
+def free_port_block(count: int, attempts: int = 50) -> int:
+    """The first of `count` consecutive free ports (a supervisor's admin port and its workers' after it)."""
+    for _ in range(attempts):
+        base = free_ports(1)[0]
+        if base + count > 65535:
+            continue
+        sockets: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sockets.append(sock)
+                sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in sockets:
+                sock.close()
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
 @dataclass(frozen=True)
 class SimPool:
     """A pool of simulated vLLM replicas serving one model."""
@@ -130,11 +151,16 @@ async def start_envoy(group: ProcessGroup, stack: Stack, concurrency: int = 1) -
 
 def prepare(
     workdir: Path, pools: Sequence[SimPool], *, envoy: Mapping[str, Any] | None = None,
-    extra_policy: Mapping[str, Any] | None = None, service_replicas: int = 1,
+    extra_policy: Mapping[str, Any] | None = None, service_replicas: int = 1, service_workers: int = 1,
 ) -> Stack:
     """Pick ports, write the policy and render Envoy's files (setup-time file I/O, before any child)."""
     workdir.mkdir(parents=True, exist_ok=True)
     ports = free_ports(sum(p.replicas for p in pools) + 4 + 2 * (service_replicas - 1))
+    if service_workers > 1:  # the supervisor's admin port, its workers' right after it
+        if service_replicas > 1:
+            raise ValueError("a stack runs either several service replicas or one with several workers")
+        index = sum(p.replicas for p in pools) + 1
+        ports[index] = free_port_block(service_workers + 1)
     sim_ports: dict[str, list[int]] = {}
     for pool in pools:
         sim_ports[pool.name], ports = ports[: pool.replicas], ports[pool.replicas:]
@@ -145,6 +171,8 @@ def prepare(
     if service_replicas > 1:
         envoy_settings["extproc_endpoints"] = [f"127.0.0.1:{grpc}" for grpc, _ in service_ports]
     document = build_policy(pools, sim_ports, ports[:4], envoy_settings, extra_policy)
+    if service_workers > 1:
+        document["service"]["workers"] = service_workers
     policy_path = workdir / "policy.yaml"
     policy_path.write_text(yaml.safe_dump(document, sort_keys=False))
     policy = parse_policy(policy_path.read_text(), str(policy_path))
@@ -156,10 +184,11 @@ def prepare(
 async def launch(
     group: ProcessGroup, workdir: Path, pools: Sequence[SimPool], *,
     envoy: Mapping[str, Any] | None = None, extra_policy: Mapping[str, Any] | None = None,
-    sim_args: Sequence[str] = (), envoy_concurrency: int = 1, service_replicas: int = 1,
+    sim_args: Sequence[str] = (), envoy_concurrency: int = 1, service_replicas: int = 1, service_workers: int = 1,
 ) -> Stack:
     """Fleet first, then the service replicas, then Envoy (whose ext_proc cluster health-checks them)."""
-    stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy, service_replicas=service_replicas)
+    stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy, service_replicas=service_replicas,
+                    service_workers=service_workers)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
     for index in range(service_replicas):
         child = await start_service(group, stack, index)

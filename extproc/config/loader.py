@@ -1,4 +1,8 @@
-"""Load a policy file into an immutable `Policy`, with file:line-precise errors."""
+"""Load a policy file into an immutable `Policy`, with file:line-precise errors.
+
+The policy's sections are defined by the packages that own them (`extproc.config.schema` mounts them); this
+module sits above them all, so it also builds the scheduling plugins once to report a bad type or parameter.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from extproc.config.schema import Policy
+from extproc.scheduling import PluginError, validate_scheduling
 
 _MAX_POLICY_BYTES = 8 * 1024 * 1024
 
@@ -127,8 +132,6 @@ def parse_policy(text: str, file: str = "<policy>") -> Policy:
     if node is not None:
         _walk(node, (), lines)
     # Plugins are built once here so a bad type or parameter is reported at load, with its line.
-    from extproc.scheduling import PluginError, validate_scheduling
-
     try:
         validate_scheduling(policy.scheduling)
     except PluginError as exc:

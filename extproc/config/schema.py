@@ -7,23 +7,31 @@ request in flight while a reload builds the next one.
 from __future__ import annotations
 
 import ipaddress
-import re
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from extproc.endpoints.config import DnsDiscovery, HealthPolicy, SaturationConfig, ScrapeConfig
 from extproc.flow.config import FlowControlConfig
 from extproc.guard.config import GuardConfig
+from extproc.limits.config import LimitsConfig, RedisTls, TierLimits
+from extproc.policy_types import HeaderName, PoolName, Port, Strict
 from extproc.rollout.config import RolloutPolicy, check_splits
+from extproc.scheduling.config import (
+    BUILTIN_PROFILES,
+    PluginConfig,
+    PluginRef,
+    ProfileConfig,
+    SchedulingConfig,
+)
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_.-]{0,61}[a-z0-9])?$")
-_HEADER = re.compile(r"^[a-z0-9-]+$")
-
-Port = Annotated[int, Field(ge=1, le=65535)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# Every section's model, importable from here (each is defined once, in the package that owns the section).
+__all__ = [
+    "BUILTIN_PROFILES", "AuditConfig", "AuthConfig", "BoundsConfig", "DnsDiscovery", "EnvoyConfig",
+    "FlowControlConfig", "GuardConfig", "HealthPolicy", "LimitsConfig", "PluginConfig", "PluginRef", "Policy",
+    "PoolConfig", "ProfileConfig", "RedisTls", "RolloutPolicy", "SaturationConfig", "SchedulingConfig",
+    "ScrapeConfig", "ServiceConfig", "TierConfig", "TierLimits", "parse_endpoint",
+]
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -42,7 +50,7 @@ def parse_endpoint(text: str) -> tuple[str, int]:
     return host, port
 
 
-class ServiceConfig(_Strict):
+class ServiceConfig(Strict):
     """Where our own servers listen, and the secrets that protect them (README "Security model")."""
 
     grpc_host: str = "127.0.0.1"
@@ -58,6 +66,9 @@ class ServiceConfig(_Strict):
     admin_token_file: str | None = None
     # /debug/explain calls per second (burst twice that), over every caller.
     explain_per_s: float = Field(default=5.0, gt=0, le=1000)
+    # Service processes sharing grpc_port under a supervisor (README "Workers"); read at start. The rendered
+    # Envoy config opens one HTTP/2 connection per few streams when it is above 1, so streams spread.
+    workers: int = Field(default=1, ge=1, le=64)
 
     @field_validator("grpc_token_file", "admin_token_file")
     @classmethod
@@ -67,7 +78,7 @@ class ServiceConfig(_Strict):
         return value
 
 
-class BoundsConfig(_Strict):
+class BoundsConfig(Strict):
     """Hard limits on what a client may send; over them the request is refused, never crashes us."""
 
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024, le=64 * 1024 * 1024)
@@ -84,7 +95,7 @@ class BoundsConfig(_Strict):
     decision_cpu_ms: float = Field(default=250.0, ge=0, le=60_000)
 
 
-class EnvoyConfig(_Strict):
+class EnvoyConfig(Strict):
     """Settings for the Envoy files `extproc envoy render` writes."""
 
     listen_host: str = "127.0.0.1"
@@ -92,8 +103,8 @@ class EnvoyConfig(_Strict):
     admin_port: Port = 9901
     # ext_proc service replicas Envoy balances streams over; empty = the one in `service`.
     extproc_endpoints: tuple[str, ...] = ()
-    cluster_header: str = "x-gateway-pool"
-    endpoint_header: str = "x-gateway-destination-endpoint"
+    cluster_header: HeaderName = "x-gateway-pool"
+    endpoint_header: HeaderName = "x-gateway-destination-endpoint"
     # ext_proc: how long Envoy waits for each of our replies before applying failure_mode_allow.
     message_timeout_ms: int = Field(default=1000, ge=10, le=60_000)
     # Requests the service did not route (it was unreachable, too slow, or died before its reply):
@@ -129,95 +140,8 @@ class EnvoyConfig(_Strict):
             parse_endpoint(item)
         return value
 
-    @field_validator("cluster_header", "endpoint_header")
-    @classmethod
-    def _lower_header(cls, value: str) -> str:
-        if not _HEADER.match(value):
-            raise ValueError(f"header name {value!r} must be lowercase letters, digits and '-'")
-        return value
 
-
-class PluginConfig(_Strict):
-    """One configured scheduling plugin instance: `type` names a registered plugin factory."""
-
-    name: str
-    type: str
-    parameters: dict[str, Any] = Field(default_factory=dict)
-
-
-class PluginRef(_Strict):
-    pluginRef: str
-    weight: float = Field(default=1.0, ge=0.0)
-
-
-class ProfileConfig(_Strict):
-    """Filters run in order, scorers are summed with their weights, one picker decides."""
-
-    name: str
-    plugins: tuple[PluginRef, ...] = Field(min_length=1)
-
-
-class ScrapeConfig(_Strict):
-    """Polling of each vLLM endpoint's /metrics."""
-
-    enabled: bool = True
-    interval_ms: int = Field(default=100, ge=10, le=60_000)
-    timeout_ms: int = Field(default=500, ge=10, le=60_000)
-    # Older metrics are ignored by scorers (they fall back to this process's own in-flight counts).
-    stale_after_ms: int = Field(default=1000, ge=50)
-
-
-class SaturationConfig(_Strict):
-    """When an endpoint counts as full: one definition for flow control and the scheduler's saturation filter
-    (README "Saturation"). Metrics older than `scheduling.scrape.stale_after_ms` never make one full."""
-
-    max_kv_utilization: float = Field(default=0.95, gt=0, le=1.0,
-                                      description="vllm:kv_cache_usage_perc (0..1) at which an engine with "
-                                                  "requests waiting is full")
-    sustain_ms: int = Field(default=1000, ge=0, le=60_000,
-                            description="an engine queue (vllm:num_requests_waiting > 0) must last this long, over "
-                                        "3 scrapes or more, before it means full: vLLM queues arrivals between "
-                                        "steps on an idle engine too")
-    capacity_ttl_s: float = Field(default=10.0, gt=0,
-                                  description="a learned capacity (requests at which the engine queued) grows by "
-                                              "one request per this many seconds until the engine queues again")
-
-
-class SchedulingConfig(_Strict):
-    plugins: tuple[PluginConfig, ...] = ()
-    profiles: tuple[ProfileConfig, ...] = ()
-    scrape: ScrapeConfig = ScrapeConfig()
-    placement_sync_ms: int = Field(default=50, ge=0, le=10_000,
-                                   description="with limits.store redis: how often service replicas exchange where "
-                                               "they placed prompt prefixes (extproc/server/placements.py); 0 = never")
-
-    @model_validator(mode="after")
-    def _references(self) -> SchedulingConfig:
-        names = [p.name for p in self.plugins]
-        duplicates = {n for n in names if names.count(n) > 1}
-        if duplicates:
-            raise ValueError(f"duplicate plugin name(s): {sorted(duplicates)}")
-        profiles = [p.name for p in self.profiles]
-        if len(set(profiles)) != len(profiles):
-            raise ValueError("duplicate profile name")
-        for profile in self.profiles:
-            for ref in profile.plugins:
-                if ref.pluginRef not in names:
-                    raise ValueError(f"profile {profile.name!r} references unknown plugin {ref.pluginRef!r}")
-        return self
-
-
-class TierLimits(_Strict):
-    """Limits of one scope (a tenant in total, or a tenant on one model); unset = unlimited."""
-
-    requests_per_s: float | None = Field(default=None, gt=0)
-    burst: float | None = Field(default=None, ge=1, description="bucket size; default 2 x requests_per_s")
-    concurrency: int | None = Field(default=None, ge=1)
-    tokens_per_min: int | None = Field(default=None, ge=1)
-    tokens_per_day: int | None = Field(default=None, ge=1)
-
-
-class TierConfig(_Strict):
+class TierConfig(Strict):
     """What every tenant of a tier gets; tenants may override limits in the keys file."""
 
     # Flow control: the tier's priority class (default: flow_control.default_class), the highest class
@@ -232,13 +156,13 @@ class TierConfig(_Strict):
     model_limits: TierLimits = TierLimits()  # the tenant on each model separately
 
 
-class AuthConfig(_Strict):
+class AuthConfig(Strict):
     # none: every request is the anonymous tenant of tier `default`; api-key: `Authorization: Bearer`
     # looked up in keys_file; trusted-header: an upstream authenticator sets tenant_header/tier_header.
     mode: Literal["none", "api-key", "trusted-header"] = "none"
     keys_file: str | None = None
-    tenant_header: str = "x-tenant-id"
-    tier_header: str = "x-tenant-tier"
+    tenant_header: HeaderName = "x-tenant-id"
+    tier_header: HeaderName = "x-tenant-tier"
     reload_interval_s: float = Field(default=2.0, gt=0)
 
     @model_validator(mode="after")
@@ -248,33 +172,7 @@ class AuthConfig(_Strict):
         return self
 
 
-class LimitsConfig(_Strict):
-    store: Literal["memory", "redis"] = "memory"
-    redis_url: str | None = Field(default=None, description="redis:// or rediss://; env EXTPROC_REDIS_URL wins")
-    on_store_failure: Literal["fail-open", "fail-closed"] = "fail-open"
-    decision_deadline_ms: float = Field(default=5.0, gt=0, le=1000)
-    # Expected completion when a request sets no max_tokens: reserved, then corrected to real usage.
-    default_output_tokens: int = Field(default=256, ge=1)
-    # Prompt estimates (characters / 4) corrected per pool by a fit against the engines' usage.prompt_tokens
-    # from the access log (extproc/gateway/calibration.py); false = the raw estimate.
-    calibrate_prompt_tokens: bool = True
-    lease_ttl_s: float = Field(default=900.0, gt=0, description="a replica's leases expire if it dies")
-    # Redis: admit without waiting for the store while its last reply (at most optimistic_max_age_ms
-    # old) left room for the request within this replica's share; near a limit, wait for Redis.
-    optimistic_admission: bool = True
-    optimistic_max_age_ms: float = Field(default=500.0, gt=0, le=60_000)
-    # Service replicas sharing the store (their share of a limit when deciding alone: fail-open and
-    # optimistic admission); default the number of envoy.extproc_endpoints (at least 1).
-    replicas: int | None = Field(default=None, ge=1, le=10_000)
-
-    @model_validator(mode="after")
-    def _redis_url(self) -> LimitsConfig:
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("limits.redis_url must start with redis://, rediss:// or unix://")
-        return self
-
-
-class AuditConfig(_Strict):
+class AuditConfig(Strict):
     """One JSON line per request written by Envoy (file access log): who (tenant, key label), what (model,
     pool, endpoint), outcome (status, details, tokens, timings). Keys themselves never appear."""
 
@@ -282,36 +180,10 @@ class AuditConfig(_Strict):
     path: str = ""
 
 
-# Profiles every service knows without configuration (see extproc/scheduling/profiles.py).
-BUILTIN_PROFILES = ("default", "load-only", "least-inflight", "random")
-
-
-class HealthPolicy(_Strict):
-    """Our own passive health (circuit breaker per endpoint) and active check (metrics scrapes)."""
-
-    consecutive_failures: int = Field(default=3, ge=1, description="5xx / resets in a row that eject")
-    base_ejection_s: float = Field(default=5.0, gt=0, description="first ejection; doubles on each repeat")
-    max_ejection_s: float = Field(default=60.0, gt=0)
-    max_ejected_percent: float = Field(default=50.0, ge=0, le=100, description="of a pool, by passive ejection")
-    scrape_failures: int = Field(default=3, ge=1, description="failed scrapes in a row = unavailable")
-
-
-class DnsDiscovery(_Strict):
-    """Endpoints from DNS A/AAAA records, e.g. a Kubernetes headless Service, re-resolved on an interval.
-
-    Envoy resolves the same name itself (a STRICT_DNS cluster), so both see the same endpoints.
-    """
-
-    dns: str = Field(min_length=1, max_length=253)
-    port: Port
-    interval_s: float = Field(default=5.0, ge=0.5, le=3600)
-    family: Literal["any", "v4", "v6"] = "any"
-
-
-class PoolConfig(_Strict):
+class PoolConfig(Strict):
     """A set of vLLM endpoints serving one model; becomes one Envoy cluster of the same name."""
 
-    name: str
+    name: PoolName
     model: str = Field(description="model name the vLLM servers of this pool serve")
     aliases: tuple[str, ...] = ()
     endpoints: tuple[str, ...] = ()
@@ -323,13 +195,6 @@ class PoolConfig(_Strict):
     max_num_seqs: int | None = Field(default=None, ge=1, le=100_000,
                                      description="the engines' --max-num-seqs: at most this many requests per endpoint "
                                                  "before flow control holds them (default: learned from the engines)")
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"pool name {value!r} must match {_NAME.pattern} (it becomes a cluster name)")
-        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
@@ -347,7 +212,7 @@ class PoolConfig(_Strict):
         return value
 
 
-class Policy(_Strict):
+class Policy(Strict):
     """The whole policy file."""
 
     def _longest_decision_s(self) -> float:

@@ -18,9 +18,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep
 from extproc.config.loader import ConfigError, ConfigProblem, load_policy
 from extproc.config.schema import Policy
+from extproc.periodic import Periodic
 
 __all__ = ["PolicyWatcher"]
 
@@ -45,39 +46,33 @@ class PolicyWatcher:
     from the current one, `on_error(error)` (file:line problems) for a rejected one, once per change.
 
     `current` is the policy already in use (so a touched but unchanged file triggers nothing).
-    Callbacks run on the event loop; they should only swap references (e.g. `SnapshotHolder.replace`).
+    Callbacks run on the event loop; they should only swap references (e.g. `RuntimeHolder.replace`).
+    `sleep` (between polls and while a file settles) is injectable: tests run the loop without real time.
     """
 
     def __init__(self, path: str | Path, on_change: Callable[[Policy], None],
                  on_error: Callable[[ConfigError], None], interval_s: float = 1.0, *,
-                 settle_s: float = 0.25, current: Policy | None = None) -> None:
+                 settle_s: float = 0.25, current: Policy | None = None, sleep: Sleep = asyncio.sleep) -> None:
         self.path = Path(path)
         self._on_change = on_change
         self._on_error = on_error
-        self._interval_s = interval_s
         self._settle_s = settle_s
+        self._sleep = sleep
         self.current = current
         self._signature: Signature | None = None
-        self._task: asyncio.Task[None] | None = None
+        # A failing callback must not end hot reload: the loop logs it and polls on.
+        self._loop = Periodic("policy-watch", self.check, interval_s, log=log, what=f"policy watch of {self.path}",
+                              sleep=sleep)
         self.reloads_total = 0
         self.errors_total = 0
 
     async def start(self) -> None:
         """Remember the file as it is now, then poll in the background."""
         self._signature = await asyncio.to_thread(file_signature, self.path)
-        self._task = asyncio.create_task(self._loop(), name="policy-watch")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._interval_s)
-            try:
-                await self.check()
-            except Exception:  # a failing callback must not end hot reload
-                log.exception("policy watch of %s failed; still watching", self.path)
+        await self._loop.stop()
 
     async def check(self) -> bool:
         """One poll: True when `on_change` was called."""
@@ -93,7 +88,7 @@ class PolicyWatcher:
                 error = exc
             else:
                 return self._accept(policy)
-            await asyncio.sleep(self._settle_s)  # a writer may still be at it
+            await self._sleep(self._settle_s)  # a writer may still be at it
             signature = await asyncio.to_thread(file_signature, self.path)
             if signature == self._signature:
                 break

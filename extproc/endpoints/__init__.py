@@ -1,6 +1,7 @@
 """Endpoint registry per pool and in-flight accounting."""
 
-from extproc.endpoints.registry import Endpoint, EndpointMetrics, EndpointRegistry, Lease, PoolState
+from extproc.endpoints.metrics import EndpointMetrics
+from extproc.endpoints.registry import Endpoint, EndpointRegistry, Lease
 from extproc.endpoints.scraper import MetricsScraper
 from extproc.endpoints.vllm_metrics import parse_vllm_metrics
 
@@ -10,6 +11,5 @@ __all__ = [
     "EndpointRegistry",
     "Lease",
     "MetricsScraper",
-    "PoolState",
     "parse_vllm_metrics",
 ]

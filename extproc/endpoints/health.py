@@ -11,19 +11,11 @@ unavailable too: that is the active check, and it recovers as soon as a scrape s
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from extproc.endpoints.config import HealthPolicy
 from extproc.endpoints.registry import Endpoint
-
-
-@dataclass(frozen=True)
-class HealthConfig:
-    consecutive_failures: int = 3
-    base_ejection_s: float = 5.0
-    max_ejection_s: float = 60.0
-    max_ejected_percent: float = 50.0
-    scrape_failures: int = 3  # consecutive failed scrapes (~0.3 s at the default interval) = unavailable
 
 
 @dataclass(slots=True, eq=False)
@@ -40,10 +32,11 @@ class Breaker:
 
 
 class HealthTracker:
-    """Breakers by endpoint address; plain state, driven by the gateway with an injected clock."""
+    """Breakers by endpoint address; plain state, driven by the gateway with an injected clock. The rules come
+    from `policy()`, read at each use: the current policy's, with no reconfiguration on reload."""
 
-    def __init__(self, config: HealthConfig) -> None:
-        self.config = config
+    def __init__(self, policy: Callable[[], HealthPolicy] = HealthPolicy) -> None:
+        self._policy = policy
         self._breakers: dict[str, Breaker] = {}
         self.ejections_total = 0
 
@@ -63,25 +56,29 @@ class HealthTracker:
                 breaker.ejections = 0
             return False
         breaker.failures += 1
+        config = self._policy()
         half_open = breaker.ejections > 0 and breaker.ejected_until <= now
-        if breaker.failures < self.config.consecutive_failures and not half_open:
+        if breaker.failures < config.consecutive_failures and not half_open:
             return False
-        if breaker.ejected_until > now or not self._may_eject(pool, now):
+        if breaker.ejected_until > now or not self._may_eject(pool, now, config.max_ejected_percent):
             return False
         breaker.ejections += 1
-        duration = min(self.config.max_ejection_s, self.config.base_ejection_s * 2 ** (breaker.ejections - 1))
+        duration = min(config.max_ejection_s, config.base_ejection_s * 2 ** (breaker.ejections - 1))
         breaker.ejected_until = now + duration
         self.ejections_total += 1
         return True
 
-    def _may_eject(self, pool: Sequence[Endpoint], now: float) -> bool:
+    def _may_eject(self, pool: Sequence[Endpoint], now: float, max_percent: float) -> bool:
         if not pool:
             return True
         ejected = sum(1 for e in pool if self.breaker(e.address).ejected_until > now)
-        return (ejected + 1) * 100.0 <= self.config.max_ejected_percent * len(pool)
+        return (ejected + 1) * 100.0 <= max_percent * len(pool)
 
     def available(self, endpoint: Endpoint, now: float) -> bool:
-        if endpoint.scrape_failures >= self.config.scrape_failures:
+        return self._available(endpoint, now, self._policy().scrape_failures)
+
+    def _available(self, endpoint: Endpoint, now: float, scrape_failures: int) -> bool:
+        if endpoint.scrape_failures >= scrape_failures:
             return False
         breaker = self._breakers.get(endpoint.address)
         if breaker is None or breaker.ejections == 0:
@@ -91,7 +88,8 @@ class HealthTracker:
         return not breaker.probing  # half-open: one probe at a time
 
     def usable(self, endpoints: Sequence[Endpoint], now: float) -> list[Endpoint]:
-        return [e for e in endpoints if self.available(e, now)]
+        limit = self._policy().scrape_failures
+        return [e for e in endpoints if self._available(e, now, limit)]
 
     def picked(self, endpoint: Endpoint, now: float) -> None:
         """The gateway routed to `endpoint`; a half-open breaker now has its probe in flight."""

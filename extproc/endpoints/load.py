@@ -22,7 +22,8 @@ lasts `sustain_ms` (3 scrapes or more) while running stays on a plateau, the KV 
 requests may be waiting for blocks, which the KV rule judges) and at most `BUDGET_BOUND` of the steps heavy
 (over half the largest step seen, by vllm:iteration_tokens_total: otherwise requests wait for the step's
 token budget, and more seats would not help). It is then the most requests ever seen running there, never
-less, and it grows by one request per `capacity_ttl_s` until such a queue confirms it again.
+less, and it grows by one request per `capacity_ttl_s` until such a queue confirms it again (for the top class
+only: see `LoadModel.capacity`).
 
 Stale or missing metrics (older than `scheduling.scrape.stale_after_ms`) make an endpoint's room unknown
 (None): flow control then counts its pool as having room, so missing data never stalls traffic.
@@ -32,72 +33,12 @@ from __future__ import annotations
 
 import math
 
-from extproc.config.schema import SaturationConfig
-from extproc.endpoints.registry import Endpoint, EndpointMetrics, EngineState
+from extproc.endpoints.config import SaturationConfig
+from extproc.endpoints.engine import MIN_QUEUED_SCRAPES
+from extproc.endpoints.metrics import EndpointMetrics
+from extproc.endpoints.registry import Endpoint
 
-__all__ = ["BUDGET_BOUND", "KV_BOUND", "LoadModel", "observe"]
-
-# A queue run counts as a plateau of the batch when the fewest running requests in it are at least this
-# share of the most: a full batch only loses the few requests that finished in the last step.
-_PLATEAU = 0.75
-_MIN_QUEUED_SCRAPES = 3
-KV_BOUND = 0.8
-# A queue during which more than this share of the engine's steps were heavy (over half its largest step)
-# is waiting for the token budget, not for seats.
-BUDGET_BOUND = 0.75
-
-
-def observe(endpoint: Endpoint, metrics: EndpointMetrics, in_flight: int, config: SaturationConfig) -> None:
-    """Adopt one scrape: the metrics, the in-flight count it was taken at, and what it says about capacity."""
-    endpoint.metrics = metrics
-    endpoint.in_flight_at_scrape = in_flight
-    state = endpoint.engine
-    at = metrics.scraped_at
-    state.peak_running = max(state.peak_running, metrics.running)
-    steps = _step_counts(metrics, state)
-    if metrics.waiting <= 0:
-        state.queued_since = None
-        return
-    if state.queued_since is None:
-        state.queued_since = at
-        state.queued_scrapes = 0
-        state.queued_low = state.queued_high = metrics.running
-        state.queued_kv = 0.0
-        state.queued_steps = steps
-    state.queued_scrapes += 1
-    state.queued_low = min(state.queued_low, metrics.running)
-    state.queued_high = max(state.queued_high, metrics.running)
-    state.queued_kv = max(state.queued_kv, metrics.kv_usage)
-    lasted = state.queued_scrapes >= _MIN_QUEUED_SCRAPES and at - state.queued_since >= config.sustain_ms / 1000.0
-    plateau = state.queued_high > 0 and state.queued_low >= _PLATEAU * state.queued_high
-    if lasted and plateau and state.queued_kv < KV_BOUND and not _budget_bound(state.queued_steps, steps):
-        state.capacity = state.peak_running
-        state.confirmed_at = at
-
-
-def _step_counts(metrics: EndpointMetrics, state: EngineState) -> tuple[float, float] | None:
-    """(steps, heavy steps) so far by the step-size histogram; None when the engine does not export it."""
-    buckets = metrics.step_tokens_buckets
-    if not buckets:
-        return None
-    previous = 0.0
-    for bound, cumulative in buckets:
-        if math.isfinite(bound) and cumulative > previous:
-            state.step_bound = max(state.step_bound, bound)
-        previous = cumulative
-    total = buckets[-1][1]
-    light = 0.0
-    for bound, cumulative in buckets:
-        if bound > state.step_bound / 2:
-            break
-        light = cumulative
-    return total, total - light
-
-
-def _budget_bound(start: tuple[float, float] | None, now: tuple[float, float] | None) -> bool:
-    if start is None or now is None or now[0] <= start[0]:
-        return False
-    return (now[1] - start[1]) / (now[0] - start[0]) > BUDGET_BOUND
+__all__ = ["LoadModel"]
 
 
 class LoadModel:
@@ -133,21 +74,29 @@ class LoadModel:
         sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
         return max(metrics.running + metrics.waiting + sent_since, local)
 
-    def capacity(self, endpoint: Endpoint, now: float) -> float | None:
-        """Requests the endpoint takes before it queues them (None: no limit known)."""
+    def capacity(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:
+        """Requests the endpoint takes from a class keeping `reserve` of it free (None: no limit known).
+
+        A learned capacity grows by one request per `capacity_ttl_s` until an engine queue confirms it again,
+        for the top class only (reserve 0): only its requests probe past it, so a probe that finds the engine
+        full queues a top-class request inside the engine instead of in the service (where it would wait for
+        the same seat), while the lower classes keep their share below the confirmed capacity.
+        """
         state = endpoint.engine
-        learned = None
+        limit: float | None = None
         if state.capacity > 0:
-            learned = state.capacity + math.floor(max(0.0, now - state.confirmed_at) / self._config.capacity_ttl_s)
-        if self._seats is None:
-            return learned
-        return float(self._seats) if learned is None else min(float(self._seats), learned)
+            limit = state.capacity
+            if reserve <= 0:
+                limit += math.floor(max(0.0, now - state.confirmed_at) / self._config.capacity_ttl_s)
+        if self._seats is not None:
+            limit = float(self._seats) if limit is None else min(float(self._seats), limit)
+        return None if limit is None else math.floor(limit * (1.0 - reserve) + 1e-9)
 
     def queueing(self, endpoint: Endpoint) -> bool:
         """Whether the engine's own queue has lasted `sustain_ms` (up to its last scrape)."""
         state = endpoint.engine
         metrics = endpoint.metrics
-        return (metrics is not None and state.queued_since is not None and state.queued_scrapes >= _MIN_QUEUED_SCRAPES
+        return (metrics is not None and state.queued_since is not None and state.queued_scrapes >= MIN_QUEUED_SCRAPES
                 and metrics.scraped_at - state.queued_since >= self._config.sustain_ms / 1000.0)
 
     def room(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:
@@ -162,9 +111,9 @@ class LoadModel:
         room = math.inf
         if self.queueing(endpoint):
             room = max(0.0, 1.0 - (metrics.waiting + sent_since))
-        capacity = self.capacity(endpoint, now)
+        capacity = self.capacity(endpoint, now, reserve)
         if capacity is not None:
-            room = min(room, max(0.0, math.floor(capacity * (1.0 - reserve) + 1e-9) - self.requests(endpoint, now)))
+            room = min(room, max(0.0, capacity - self.requests(endpoint, now)))
         return room
 
     def saturated(self, endpoint: Endpoint, now: float) -> bool:

@@ -1,53 +1,23 @@
-"""Live per-endpoint state of every pool: this process's in-flight work and the last vLLM scrape.
+"""Live per-endpoint state: this process's in-flight work, the last vLLM scrape, what the scrapes taught.
 
-Config says which endpoints exist; this registry keeps the state that outlives a config reload (an
-endpoint kept across a reload keeps its counters and metrics, so leases still balance).
+`Endpoint` is the one owner of that state: every change goes through one of its methods (a lease taken or
+released, a scrape adopted or failed, the other replicas' in-flight counts, a served request's latency).
+The registry interns endpoints by address, so an endpoint kept across a policy reload or a DNS change keeps
+its state (its leases still balance); an address no pool names any more is forgotten.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from extproc.endpoints.config import SaturationConfig
+from extproc.endpoints.engine import EngineState, learn
+from extproc.endpoints.metrics import EndpointMetrics
 
-@dataclass(frozen=True, slots=True)
-class EndpointMetrics:
-    """One scrape of a vLLM server's /metrics (names as vLLM exports them)."""
+__all__ = ["Endpoint", "EndpointRegistry", "Lease"]
 
-    scraped_at: float  # monotonic clock of the scraping process
-    running: float = 0.0  # vllm:num_requests_running
-    waiting: float = 0.0  # vllm:num_requests_waiting
-    kv_usage: float = 0.0  # vllm:kv_cache_usage_perc, 0..1
-    running_loras: frozenset[str] = frozenset()  # vllm:lora_requests_info{running_lora_adapters}
-    waiting_loras: frozenset[str] = frozenset()  # vllm:lora_requests_info{waiting_lora_adapters}
-    max_lora: int = 0  # vllm:lora_requests_info{max_lora}
-    prefix_queries: float = 0.0  # vllm:prefix_cache_queries_total (tokens)
-    prefix_hits: float = 0.0  # vllm:prefix_cache_hits_total (tokens)
-    block_size: int = 16  # vllm:cache_config_info{block_size}
-    num_gpu_blocks: int = 0  # vllm:cache_config_info{num_gpu_blocks}
-    # vllm:time_to_first_token_seconds histogram: (upper bound, cumulative count), sum, count.
-    ttft_buckets: tuple[tuple[float, float], ...] = ()
-    ttft_sum: float = 0.0
-    ttft_count: float = 0.0
-    preemptions: float = 0.0  # vllm:num_preemptions_total
-    # vllm:iteration_tokens_total histogram (tokens per engine step): (upper bound, cumulative count).
-    step_tokens_buckets: tuple[tuple[float, float], ...] = ()
-
-
-@dataclass(slots=True)
-class EngineState:
-    """What the scrapes taught about an engine's limits; written only by `extproc.endpoints.load.observe`."""
-
-    peak_running: float = 0.0  # the most requests ever seen running at once
-    queued_since: float | None = None  # first scrape of the current run of scrapes with requests waiting
-    queued_scrapes: int = 0
-    queued_low: float = 0.0  # fewest / most running during that run
-    queued_high: float = 0.0
-    queued_kv: float = 0.0  # highest KV use during that run
-    queued_steps: tuple[float, float] | None = None  # (steps, heavy steps) counted when that run began
-    step_bound: float = 0.0  # upper bound of the histogram bucket of the largest step ever seen
-    capacity: float = 0.0  # learned concurrency at which it queues (0: not learned)
-    confirmed_at: float = 0.0  # scrape time the capacity was last learned or confirmed
+_LATENCY_EWMA_ALPHA = 0.2
 
 
 @dataclass(slots=True, eq=False)
@@ -63,25 +33,46 @@ class Endpoint:
     others_in_flight: int = 0  # other service replicas' in-flight requests here (extproc.server.fleet)
     engine: EngineState = field(default_factory=EngineState)
 
+    def lease(self, tokens: int = 0) -> Lease:
+        """A request routed here: counted in flight until the lease is released."""
+        self.in_flight += 1
+        self.in_flight_tokens += tokens
+        self.picked_total += 1
+        return Lease(self, tokens)
 
-@dataclass(slots=True)
-class PoolState:
-    name: str
-    endpoints: list[Endpoint] = field(default_factory=list)
+    def _returned(self, tokens: int) -> None:
+        self.in_flight -= 1
+        self.in_flight_tokens -= tokens
+
+    def scraped(self, metrics: EndpointMetrics, in_flight: int, config: SaturationConfig) -> None:
+        """A good scrape, started while this process had `in_flight` requests here."""
+        self.metrics = metrics
+        self.in_flight_at_scrape = in_flight
+        self.scrape_failures = 0
+        learn(self.engine, metrics, config)
+
+    def scrape_failed(self) -> None:
+        self.scrape_failures += 1
+
+    def others(self, in_flight: int) -> None:
+        """The other service replicas' in-flight requests here, as last synced."""
+        self.others_in_flight = in_flight
+
+    def served(self, latency_s: float) -> None:
+        """A request served here got its response headers `latency_s` after it was routed."""
+        previous = self.latency_ewma_s
+        self.latency_ewma_s = latency_s if previous is None else previous + _LATENCY_EWMA_ALPHA * (latency_s - previous)
 
 
 class Lease:
-    """One request's claim on an endpoint; releasing it twice is harmless."""
+    """One request's claim on an endpoint (`Endpoint.lease`); releasing it twice is harmless."""
 
     __slots__ = ("_released", "endpoint", "tokens")
 
-    def __init__(self, endpoint: Endpoint, tokens: int = 0) -> None:
+    def __init__(self, endpoint: Endpoint, tokens: int) -> None:
         self.endpoint = endpoint
         self.tokens = tokens
         self._released = False
-        endpoint.in_flight += 1
-        endpoint.in_flight_tokens += tokens
-        endpoint.picked_total += 1
 
     @property
     def released(self) -> bool:
@@ -90,35 +81,37 @@ class Lease:
     def release(self) -> None:
         if not self._released:
             self._released = True
-            self.endpoint.in_flight -= 1
-            self.endpoint.in_flight_tokens -= self.tokens
+            self.endpoint._returned(self.tokens)
 
 
 class EndpointRegistry:
+    """Endpoints by address: the set the current pools name."""
+
     def __init__(self) -> None:
-        self._pools: dict[str, PoolState] = {}
+        self._by_address: dict[str, Endpoint] = {}
 
-    def sync(self, pools: Iterable[tuple[str, Iterable[str]]]) -> None:
-        """Make the registry match `(pool name, endpoint addresses)`, keeping known endpoints' state."""
-        known = {ep.address: ep for state in self._pools.values() for ep in state.endpoints}
-        fresh: dict[str, PoolState] = {}
+    def adopt(self, pools: Iterable[tuple[str, Iterable[str]]]) -> dict[str, tuple[Endpoint, ...]]:
+        """The endpoints of `(pool name, addresses)`: known addresses keep their endpoint (and its state),
+        new ones get a fresh one, and addresses no pool names any more are forgotten."""
+        known = self._by_address
+        fresh: dict[str, Endpoint] = {}
+        found: dict[str, tuple[Endpoint, ...]] = {}
         for name, addresses in pools:
-            fresh[name] = PoolState(name, [known.setdefault(a, Endpoint(a)) for a in addresses])
-        self._pools = fresh
-
-    def pool(self, name: str) -> PoolState | None:
-        return self._pools.get(name)
-
-    def pools(self) -> list[PoolState]:
-        return list(self._pools.values())
+            endpoints = []
+            for address in addresses:
+                endpoint = fresh.get(address) or known.get(address) or Endpoint(address)
+                fresh[address] = endpoint
+                endpoints.append(endpoint)
+            found[name] = tuple(endpoints)
+        self._by_address = fresh
+        return found
 
     def endpoints(self) -> list[Endpoint]:
         """Every distinct endpoint (an address in two pools is one endpoint)."""
-        unique: dict[str, Endpoint] = {}
-        for state in self._pools.values():
-            for endpoint in state.endpoints:
-                unique.setdefault(endpoint.address, endpoint)
-        return list(unique.values())
+        return list(self._by_address.values())
 
-    def total_in_flight(self) -> int:
-        return sum(ep.in_flight for ep in self.endpoints())
+    def find(self, address: str) -> Endpoint | None:
+        return self._by_address.get(address)
+
+    def snapshot(self) -> Mapping[str, Endpoint]:
+        return dict(self._by_address)

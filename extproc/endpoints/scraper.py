@@ -1,4 +1,4 @@
-"""Poll every endpoint's vLLM /metrics and hand each good scrape to the load model (`load.observe`).
+"""Poll every endpoint's vLLM /metrics and hand each good scrape to its endpoint (`Endpoint.scraped`).
 
 One round per interval starts a scrape task for every endpoint of the registry that has none in flight, so a
 slow or hanging endpoint only skips its own rounds (bounded by the timeout) and never delays the others.
@@ -16,10 +16,11 @@ from types import TracebackType
 
 import aiohttp
 
-from extproc.config.schema import SaturationConfig, ScrapeConfig
-from extproc.endpoints.load import observe
-from extproc.endpoints.registry import Endpoint, EndpointMetrics, EndpointRegistry
+from extproc.aio import Sleep
+from extproc.endpoints.config import SaturationConfig, ScrapeConfig
+from extproc.endpoints.registry import Endpoint, EndpointRegistry
 from extproc.endpoints.vllm_metrics import parse_vllm_metrics
+from extproc.periodic import FailureLog, Periodic
 
 __all__ = ["MAX_BODY_BYTES", "MetricsScraper", "SessionFactory", "default_session", "is_fresh"]
 
@@ -27,21 +28,12 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a vLLM page is ~20-60 KB; anything this large is not one
 SessionFactory = Callable[[], aiohttp.ClientSession]
-# Adopts one scrape: (endpoint, metrics, this process's in-flight count when the scrape started).
-Observe = Callable[[Endpoint, EndpointMetrics, int], None]
 
 
 def is_fresh(endpoint: Endpoint, now: float, stale_after_s: float) -> bool:
     """True when the endpoint has metrics scraped at most `stale_after_s` before `now` (same clock)."""
     metrics = endpoint.metrics
     return metrics is not None and now - metrics.scraped_at <= stale_after_s
-
-
-def _observe_with_defaults(endpoint: Endpoint, metrics: EndpointMetrics, in_flight: int) -> None:
-    observe(endpoint, metrics, in_flight, _DEFAULT_SATURATION)
-
-
-_DEFAULT_SATURATION = SaturationConfig()
 
 
 def default_session() -> aiohttp.ClientSession:
@@ -71,7 +63,8 @@ def _failure_state(exc: BaseException, timeout_ms: int) -> str:
 class MetricsScraper:
     """Scrapes `/metrics` of every endpoint in `registry` once per `config.interval_ms`.
 
-    `scrapes_total` counts finished scrape attempts and `failures_total` the failed ones among them.
+    `scrapes_total` counts finished scrape attempts and `failures_total` the failed ones among them. Rounds
+    run at a fixed rate (a `Periodic`); `clock` stamps the metrics and `sleep` waits between rounds.
     """
 
     def __init__(
@@ -83,48 +76,49 @@ class MetricsScraper:
         session_factory: SessionFactory = default_session,
         max_body_bytes: int = MAX_BODY_BYTES,
         path: str = "/metrics",
-        observe: Observe | None = None,
+        saturation: Callable[[], SaturationConfig] = SaturationConfig,
+        sleep: Sleep = asyncio.sleep,
     ) -> None:
+        """`saturation`: the current policy's rules, which each scrape is learned by."""
         self._registry = registry
         self._config = config
         self._clock = clock
-        self._observe = observe or _observe_with_defaults
+        self._saturation = saturation
         self.on_scrape: Callable[[], None] | None = None  # called after every successful scrape
         self._session_factory = session_factory
         self._max_body_bytes = max_body_bytes
         self._path = path
         self._timeout_s = config.timeout_ms / 1000.0
         self._session: aiohttp.ClientSession | None = None
-        self._round_task: asyncio.Task[None] | None = None
+        self._rounds = Periodic("vllm-metrics-scraper", self._start_round, config.interval_ms / 1000.0, log=log,
+                                what="metrics scrape round", immediate=True, fixed_rate=True, sleep=sleep)
         self._scrapes: dict[Endpoint, asyncio.Task[None]] = {}  # Endpoint hashes by identity
-        self._failing: dict[Endpoint, str] = {}  # endpoint -> failure state last logged
-        self._round_error_logged = False
+        self._failing: dict[Endpoint, FailureLog] = {}  # endpoints whose last scrape failed
         self.scrapes_total = 0
         self.failures_total = 0
 
     @property
     def running(self) -> bool:
-        return self._round_task is not None
+        return self._rounds.running
 
     async def start(self) -> None:
         """Start scraping (the first round at once); no-op when disabled or already running."""
-        if not self._config.enabled or self._round_task is not None:
+        if not self._config.enabled or self._rounds.running:
             return
         self._session = self._session_factory()
-        self._round_task = asyncio.create_task(self._rounds(), name="vllm-metrics-scraper")
+        self._rounds.start()
 
     async def stop(self) -> None:
         """Cancel the rounds and every scrape in flight, then close the HTTP session."""
-        round_task, self._round_task = self._round_task, None
-        if round_task is None:
+        if not self._rounds.running:
             return
-        round_task.cancel()
+        await self._rounds.stop()
         scrapes = list(self._scrapes.values())
         self._scrapes.clear()
         self._failing.clear()
         for task in scrapes:
             task.cancel()
-        await asyncio.gather(round_task, *scrapes, return_exceptions=True)
+        await asyncio.gather(*scrapes, return_exceptions=True)
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -141,25 +135,7 @@ class MetricsScraper:
     ) -> None:
         await self.stop()
 
-    async def _rounds(self) -> None:
-        loop = asyncio.get_running_loop()
-        interval = self._config.interval_ms / 1000.0
-        due = loop.time()
-        while True:
-            try:
-                self._start_round()
-                self._round_error_logged = False
-            except Exception:  # a bug here must not end scraping for good; log it once, not every round
-                if not self._round_error_logged:
-                    self._round_error_logged = True
-                    log.exception("metrics scrape round failed")
-            due += interval
-            now = loop.time()
-            if due < now:  # the loop was blocked for more than a round: skip the missed ones, no burst
-                due = now
-            await asyncio.sleep(due - now)
-
-    def _start_round(self) -> None:
+    async def _start_round(self) -> None:
         endpoints = self._registry.endpoints()
         current = set(endpoints)
         for gone in [ep for ep in self._scrapes if ep not in current]:
@@ -183,19 +159,16 @@ class MetricsScraper:
         except Exception as exc:
             self.scrapes_total += 1
             self.failures_total += 1
-            endpoint.scrape_failures += 1
-            state = _failure_state(exc, self._config.timeout_ms)
-            if self._failing.get(endpoint) != state:
-                self._failing[endpoint] = state
-                log.warning("metrics scrape of %s failing: %s", endpoint.address, state)
+            endpoint.scrape_failed()
+            failures = self._failing.setdefault(endpoint, FailureLog(f"metrics scrape of {endpoint.address}", log))
+            failures.failed(_failure_state(exc, self._config.timeout_ms))
             return
         self.scrapes_total += 1
-        self._observe(endpoint, metrics, in_flight)
-        endpoint.scrape_failures = 0
+        endpoint.scraped(metrics, in_flight, self._saturation())
         if self.on_scrape is not None:
             self.on_scrape()
-        if self._failing.pop(endpoint, None) is not None:
-            log.info("metrics scrape of %s recovered", endpoint.address)
+        if endpoint in self._failing:
+            self._failing.pop(endpoint).recovered()
 
     async def _fetch(self, address: str) -> str:
         session = self._session

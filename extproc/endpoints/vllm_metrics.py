@@ -13,7 +13,7 @@ import re
 from itertools import chain
 from math import isfinite
 
-from extproc.endpoints.registry import EndpointMetrics
+from extproc.endpoints.metrics import EndpointMetrics
 
 __all__ = ["parse_vllm_metrics"]
 

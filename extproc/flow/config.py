@@ -3,10 +3,11 @@ queue and the saturation thresholds that decide when requests queue instead of g
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from extproc.policy_types import ClassName, HeaderName, Strict
 
 __all__ = ["MESSAGE_TIMEOUT_SLACK_S", "FlowControlConfig", "PriorityClass", "default_classes"]
 
@@ -14,15 +15,7 @@ __all__ = ["MESSAGE_TIMEOUT_SLACK_S", "FlowControlConfig", "PriorityClass", "def
 # the service's own answer (granted, or an OpenAI-shaped rejection) always beats Envoy's timeout.
 MESSAGE_TIMEOUT_SLACK_S = 1.0
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,30}[a-z0-9])?$")
-_HEADER = re.compile(r"^[a-z0-9-]+$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class PriorityClass(_Strict):
+class PriorityClass(Strict):
     """One priority class. Higher `priority` is served first; `max_wait_s` bounds its time in the queue
     (0: never queued, rejected at once while its pool is saturated); `reserve` is the fraction of every
     endpoint's batch this class may not fill, kept free so higher classes start at once."""
@@ -41,13 +34,13 @@ def default_classes() -> dict[str, PriorityClass]:
     }
 
 
-class FlowControlConfig(_Strict):
+class FlowControlConfig(Strict):
     """The admission queue in front of every pool (see README "Priority and load shedding")."""
 
     enabled: bool = True
-    classes: dict[str, PriorityClass] = Field(default_factory=default_classes)
+    classes: dict[ClassName, PriorityClass] = Field(default_factory=default_classes)
     default_class: str = "standard"
-    priority_header: str = Field(default="x-gateway-priority",
+    priority_header: HeaderName = Field(default="x-gateway-priority",
                                  description="request header naming a class, honoured up to the tier's max_priority")
     aging_per_s: float = Field(default=5.0, ge=0.0, description="priority points a queued request gains per second")
     max_queued: int = Field(default=1000, ge=1, le=1_000_000, description="queued requests per pool, all classes")
@@ -66,19 +59,9 @@ class FlowControlConfig(_Strict):
 
     @field_validator("classes")
     @classmethod
-    def _class_names(cls, value: dict[str, PriorityClass]) -> dict[str, PriorityClass]:
+    def _some_class(cls, value: dict[str, PriorityClass]) -> dict[str, PriorityClass]:
         if not value:
             raise ValueError("flow_control.classes needs at least one class")
-        for name in value:
-            if not _NAME.match(name):
-                raise ValueError(f"priority class name {name!r} must match {_NAME.pattern}")
-        return value
-
-    @field_validator("priority_header")
-    @classmethod
-    def _header(cls, value: str) -> str:
-        if not _HEADER.match(value):
-            raise ValueError(f"priority_header {value!r} must be a lower-case header name")
         return value
 
     @model_validator(mode="after")

@@ -148,23 +148,23 @@ class _Pool:
 
 
 class FlowController:
-    def __init__(self, config: FlowControlConfig, room: Callable[[str, float, float], Room],
+    def __init__(self, config: Callable[[], FlowControlConfig], room: Callable[[str, float, float], Room],
                  clock: Callable[[], float] = time.monotonic,
                  observe_wait: Callable[[str, float], None] | None = None, timer: Timer = _asyncio_timer) -> None:
-        """`room(pool, now, reserve)`: the pool's room for a class keeping `reserve` of every endpoint's
-        capacity free, from live endpoint state (see `extproc.endpoints.load`)."""
-        self.config = config
+        """`config()`: the current policy's flow control, read at each use (a reload needs no call here:
+        queued requests keep their class and deadline, new ones use the new classes). `room(pool, now,
+        reserve)`: the pool's room for a class keeping `reserve` of every endpoint's capacity free, from live
+        endpoint state (see `extproc.endpoints.load`)."""
+        self._config = config
         self._room = room
         self._clock = clock
         self._timer = timer
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
 
-    def configure(self, config: FlowControlConfig) -> None:
-        """A new policy: queued requests keep their class and deadline; new ones use the new classes."""
-        self.config = config
-        for pool in self._pools.values():
-            pool.queue.aging_per_s = config.aging_per_s
+    @property
+    def config(self) -> FlowControlConfig:
+        return self._config()
 
     def _pool(self, name: str) -> _Pool:
         pool = self._pools.get(name)
@@ -250,6 +250,7 @@ class FlowController:
         block the classes after it: one with a smaller reserve (a higher class) may still fit."""
         rooms: dict[float, float] = {}
         granted = True
+        pool.queue.aging_per_s = self.config.aging_per_s
         while granted and pool.queue:
             granted = False
             for klass in pool.queue.ranked(now):

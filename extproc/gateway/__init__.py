@@ -1,11 +1,11 @@
-"""Sans-IO decision pipeline: authenticate -> admit -> route -> schedule -> Decision."""
+"""The decision path, sans-IO: authenticate -> resolve -> admit -> gate -> schedule -> Decision; finish at the end."""
 
-from extproc.gateway.admission import Admission
-from extproc.gateway.exchange import Exchange, Queued, error_response
-from extproc.gateway.pipeline import Gateway
-from extproc.gateway.snapshot import Snapshot, SnapshotHolder
+from extproc.gateway.build import Parts, build_gateway
+from extproc.gateway.decision import BodyPhase, Gateway, Stages, Wait
+from extproc.gateway.records import Admitted, Caller, Exchange, RequestIds, Resolved, Routed, error_response
+from extproc.gateway.runtime import Pool, Runtime, RuntimeHolder
 from extproc.gateway.types import Decision, RequestHead, Respond, Route
 
-__all__ = ["Admission", "Decision", "Exchange", "Gateway", "Queued", "RequestHead", "Respond", "Route", "Snapshot",
-           "SnapshotHolder",
-           "error_response"]
+__all__ = ["Admitted", "BodyPhase", "Caller", "Decision", "Exchange", "Gateway", "Parts", "Pool", "RequestHead",
+           "RequestIds", "Resolved", "Respond", "Route", "Routed", "Runtime", "RuntimeHolder", "Stages", "Wait",
+           "build_gateway", "error_response"]

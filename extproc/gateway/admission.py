@@ -1,4 +1,5 @@
-"""Admission: which limits apply to a request, and how their state becomes response headers.
+"""Admission: which limits apply to a request, the stage that asks the store, and how the limits' state becomes
+response headers.
 
 Every key carries the tenant in a `{...}` hash tag so one Lua call touches one Redis Cluster slot.
 """
@@ -6,22 +7,28 @@ Every key carries the tenant in a `{...}` hash tag so one Lua call touches one R
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from extproc.config.schema import LimitsConfig, TierConfig, TierLimits
-from extproc.limits.types import AdmitRequest, ConcurrencyLimit, LimitState, RateLimit, TokenBudget
+from extproc.gateway.records import Admitted, Caller, Resolved
+from extproc.limits.types import (
+    AdmitRequest,
+    AdmitResult,
+    ConcurrencyLimit,
+    LimitState,
+    RateLimit,
+    Reservation,
+    TokenBudget,
+)
 from extproc.openai.errors import ApiError
+from extproc.telemetry import GatewayMetrics
 from extproc.tenants import Tenant
 
+if TYPE_CHECKING:  # the tenant gate builds on this module's helpers
+    from extproc.gateway.tenant_gate import TenantGate
+
 _MINUTE, _DAY = 60, 86_400
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """Returned by the pipeline when the store must be asked before routing continues."""
-
-    request: AdmitRequest
 
 
 def _scope(prefix: str, limits: TierLimits, lease_ttl_s: float) -> tuple[
@@ -123,3 +130,29 @@ def rate_limited(refused_by: str | None, retry_after_s: float, states: Iterable[
         429, f"Rate limit reached for {what}; retry after {seconds}s", "rate_limit_exceeded", "rate_limit_exceeded",
         headers=(("retry-after", str(seconds)), *ratelimit_headers(states)),
     )
+
+
+class Admit:
+    """Stage 3, the limits: what to ask the store (`ask`), and what its answer means (`decide`). The server
+    awaits the store in between: one round trip, bounded by its deadline."""
+
+    def __init__(self, tenants: TenantGate, metrics: GatewayMetrics, wall_clock: Callable[[], float],
+                 clock: Callable[[], float]) -> None:
+        self._tenants = tenants
+        self._metrics = metrics
+        self._wall_clock = wall_clock
+        self._clock = clock
+
+    def ask(self, caller: Caller, resolved: Resolved) -> AdmitRequest | None:
+        """The checks of the caller's limits for this request's model and cost; None when no limit applies."""
+        return admit_request(caller.tenant, caller.tier, resolved.pool.model, caller.request_id, self._wall_clock(),
+                             resolved.tokens, caller.runtime.policy.limits)
+
+    def decide(self, caller: Caller, request: AdmitRequest, result: AdmitResult) -> Admitted:
+        """Admitted, or raises the 429 (or 503 when the store is down and the policy fails closed)."""
+        if not result.admitted:
+            self._metrics.rate_limited.labels(refused_dimension(result.refused_by)).inc()
+            self._tenants.store_refused(caller.tenant, result.refused_by, result.retry_after_s, self._clock())
+            raise rate_limited(result.refused_by, result.retry_after_s, result.states)
+        holds = self._tenants.admitted(caller.tenant, request.concurrency)
+        return Admitted(Reservation.of(request), result.states, holds)

@@ -10,12 +10,16 @@ squares over exponentially decayed sums (recent traffic weighs most; a model swa
 Envoy's access log streams go to whichever replicas its gRPC connections picked, so some replicas may see
 few entries. The fit's statistics are sums, so replicas sharing Redis add them up
 (`extproc.server.calibration_sync`): `export` gives this replica's sums, `adopt` the others', and estimates
-come from the combined fit once it has `min_samples`. Estimates feed token-budget reservations (a burst
-admitted on under-estimates would overshoot before usage settles) and the scheduler's load figures.
+come from the combined fit once it has `min_samples`. Estimates feed the scheduler's load figures, and,
+as an upper bound (`margin_sd`: the fit plus that many standard deviations of its recent relative errors,
+measured on exchanges it had not seen; `limits.prompt_reserve_sd`), token-budget reservations: a burst
+admitted on under-estimates would overshoot before usage settles, while an over-estimate is given back
+when it settles.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 __all__ = ["PromptCalibration"]
@@ -31,6 +35,8 @@ class _Fit:
     sxx: float = 0.0
     sxy: float = 0.0
     seen: int = 0
+    errors: float = 0.0  # decayed count of the fit's predictions checked against real counts
+    squared: float = 0.0  # decayed sum of their squared relative errors
     slope: float = 1.0
     intercept: float = 0.0
 
@@ -53,33 +59,44 @@ class PromptCalibration:
             fit = self._fits[pool] = _Fit()
         d = self._decay
         x, y = float(estimate), float(real)
+        in_use = self._in_use(pool)
+        if in_use is not None and in_use.seen >= self.min_samples:  # a fit was in use: how far off was it
+            predicted = self.tokens(pool, estimate)
+            fit.errors, fit.squared = fit.errors * d + 1.0, fit.squared * d + ((y - predicted) / predicted) ** 2
         fit.n, fit.sx, fit.sy = fit.n * d + 1.0, fit.sx * d + x, fit.sy * d + y
         fit.sxx, fit.sxy = fit.sxx * d + x * x, fit.sxy * d + x * y
         fit.seen += 1
         _solve(fit)
 
-    def tokens(self, pool: str, estimate: int) -> int:
+    def tokens(self, pool: str, estimate: int, margin_sd: float = 0.0) -> int:
         """The calibrated estimate: from the fleet's combined fit, else this replica's, once it has
-        `min_samples` observations; the raw estimate before."""
+        `min_samples` observations; the raw estimate before. `margin_sd`: plus that many standard
+        deviations of the fit's relative error."""
         fit = self._in_use(pool)
         if fit is None or fit.seen < self.min_samples or estimate <= 0:
             return estimate
-        return max(1, round(fit.intercept + fit.slope * estimate), round(_MIN_SLOPE * estimate))
+        tokens = max(1, round(fit.intercept + fit.slope * estimate), round(_MIN_SLOPE * estimate))
+        if margin_sd > 0.0 and fit.errors > 0.0:
+            tokens = math.ceil(tokens * (1.0 + margin_sd * math.sqrt(fit.squared / fit.errors)))
+        return tokens
 
     def export(self) -> dict[str, list[float]]:
-        """This replica's sums per pool: [n, sx, sy, sxx, sxy, observations]."""
-        return {pool: [f.n, f.sx, f.sy, f.sxx, f.sxy, float(f.seen)] for pool, f in self._fits.items()}
+        """This replica's sums per pool: [n, sx, sy, sxx, sxy, observations, errors, squared errors]."""
+        return {pool: [f.n, f.sx, f.sy, f.sxx, f.sxy, float(f.seen), f.errors, f.squared]
+                for pool, f in self._fits.items()}
 
     def adopt(self, others: list[dict[str, list[float]]]) -> None:
         """Combine the other replicas' exported sums with this replica's (the fleet's fit per pool)."""
         shared: dict[str, _Fit] = {}
         for sums in [self.export(), *others]:
             for pool, values in sums.items():
-                if len(values) != 6 or not all(isinstance(v, int | float) for v in values):
-                    continue
+                if len(values) not in (6, 8) or not all(isinstance(v, int | float) for v in values):
+                    continue  # 6: a replica of the previous version, without error sums
                 fit = shared.setdefault(pool, _Fit())
                 fit.n, fit.sx, fit.sy = fit.n + values[0], fit.sx + values[1], fit.sy + values[2]
                 fit.sxx, fit.sxy, fit.seen = fit.sxx + values[3], fit.sxy + values[4], fit.seen + int(values[5])
+                if len(values) == 8:
+                    fit.errors, fit.squared = fit.errors + values[6], fit.squared + values[7]
         for fit in shared.values():
             if fit.n > 0:
                 _solve(fit)
@@ -92,7 +109,8 @@ class PromptCalibration:
             fit = self._in_use(pool)
             if fit is not None:
                 described[pool] = {"observations": fit.seen, "slope": round(fit.slope, 4),
-                                   "intercept": round(fit.intercept, 2)}
+                                   "intercept": round(fit.intercept, 2), "error_sd": round(
+                                       math.sqrt(fit.squared / fit.errors) if fit.errors else 0.0, 4)}
         return described
 
     def _in_use(self, pool: str) -> _Fit | None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from typing import Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from extproc.policy_types import RuleName, Strict
 
 __all__ = ["DETECTORS", "Detector", "GuardConfig", "GuardRule"]
 
@@ -14,31 +16,17 @@ __all__ = ["DETECTORS", "Detector", "GuardConfig", "GuardRule"]
 Detector = Literal["email", "phone", "credit_card", "ipv4", "us_ssn", "cn_resident_id", "prompt_injection"]
 DETECTORS: tuple[str, ...] = get_args(Detector)
 
-_NAME = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,46}[a-z0-9])?$")
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class GuardRule(_Strict):
+class GuardRule(Strict):
     """What to look for (a built-in `detector`, or a Python regular expression `pattern`) and what to do:
     `mask` replaces every match with `replacement` (default "[<NAME>]"), `deny` refuses the request (400
     `content_policy_violation`, naming the rule, never echoing the match)."""
 
-    name: str
+    name: RuleName
     detector: Detector | None = None
     pattern: str | None = Field(default=None, min_length=1, max_length=2000)
     ignore_case: bool = False
     action: Literal["mask", "deny"] = "mask"
     replacement: str | None = Field(default=None, max_length=64)
-
-    @field_validator("name")
-    @classmethod
-    def _valid_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError(f"rule name {value!r} must match {_NAME.pattern} (it is a metric label)")
-        return value
 
     @field_validator("pattern")
     @classmethod
@@ -63,7 +51,7 @@ class GuardRule(_Strict):
         return self.replacement if self.replacement is not None else f"[{self.name.upper()}]"
 
 
-class GuardConfig(_Strict):
+class GuardConfig(Strict):
     """Rules run on the text of every request of the listed tiers (empty = every tier): chat message
     contents (strings and text parts), completion prompts, embedding inputs. Deny rules first, then masks
     in order. Responses are not inspected (that would put Python on every streamed chunk)."""

@@ -2,7 +2,8 @@
 
 The Lua script in `_lua.py` mirrors the arithmetic here operation for operation (IEEE doubles on
 both sides, the same order of operations), and the contract tests run the same cases against both.
-`verdict` turns per-dimension checks into an `AdmitResult` the same way for both stores.
+`verdict` turns per-dimension checks into an `AdmitResult` the same way for both stores. What other
+replicas hold as slices (`Observed.claimed`, see `extproc.limits.slices`) counts as used.
 """
 
 from __future__ import annotations
@@ -12,31 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from extproc.limits.types import AdmitRequest, AdmitResult, LimitState
-
-__all__ = [
-    "CONCURRENCY_RETRY_S",
-    "EPSILON",
-    "RETRY_MARGIN_S",
-    "TOO_LARGE",
-    "Check",
-    "Observed",
-    "bucket_admits",
-    "bucket_level",
-    "bucket_reset_s",
-    "bucket_retry_s",
-    "bucket_ttl_s",
-    "budget_admits",
-    "budget_name",
-    "cap_admits",
-    "concurrency_retry_s",
-    "decide",
-    "refused_label",
-    "verdict",
-    "window_estimate",
-    "window_index",
-    "window_retry_s",
-    "window_ttl_s",
-]
 
 # A refused concurrency check retries after this long at most: a lease may be released at any moment.
 CONCURRENCY_RETRY_S = 1.0
@@ -53,13 +29,7 @@ TOO_LARGE = "too-large"
 
 def budget_name(window_s: int) -> str:
     """The LimitState name of a token budget: "tokens" per minute, "tokens-day" per day, ..."""
-    if window_s == 60:
-        return "tokens"
-    if window_s == 3600:
-        return "tokens-hour"
-    if window_s == 86400:
-        return "tokens-day"
-    return f"tokens-{window_s}s"
+    return {60: "tokens", 3600: "tokens-hour", 86400: "tokens-day"}.get(window_s, f"tokens-{window_s}s")
 
 
 def refused_label(name: str, key: str, too_large: bool = False) -> str:
@@ -200,8 +170,10 @@ class Observed:
     leases_earliest: Sequence[float | None]  # per concurrency limit: earliest expiry after the decision
     windows: Sequence[tuple[float, float]]  # per budget: (previous, current) window before the decision
     # Per budget (or empty: none): an extra bound on the tokens this admission may take, valid until
-    # the end of the current window (the fail-open fallback's view of what the shared store had left).
+    # the end of the current window (the fail-open fallback's share of what the shared store had left).
     caps: Sequence[float | None] = ()
+    # Per dimension in request order (or empty: none): units other replicas hold as slices.
+    claimed: Sequence[float] = ()
 
 
 def bucket_admits(level: float) -> bool:
@@ -224,19 +196,23 @@ def decide(request: AdmitRequest, seen: Observed) -> AdmitResult:
     retries at the end of the current window (the cap ends there); its remaining is the lower of the
     two bounds."""
     now, tokens, admitted = request.now, max(0, request.tokens), seen.admitted
+    claimed = iter(seen.claimed or [0.0] * (len(request.rates) + len(request.concurrency) + len(request.budgets)))
     checks: list[Check] = []
-    for rate, level in zip(request.rates, seen.levels, strict=True):
+    for rate, held in zip(request.rates, seen.levels, strict=True):
+        level = held - next(claimed)
         ok = bucket_admits(level)
         after = level - 1.0 if admitted else level
         checks.append(Check("requests", rate.key, float(rate.burst), ok, False,
                             0.0 if ok else bucket_retry_s(level, rate.rate),
                             float(math.floor(after + EPSILON)), bucket_reset_s(after, rate.rate, rate.burst)))
-    for conc, ok, live, earliest in zip(request.concurrency, seen.leases_ok, seen.leases_live, seen.leases_earliest,
-                                        strict=True):
+    for conc, ok, leases, earliest in zip(request.concurrency, seen.leases_ok, seen.leases_live, seen.leases_earliest,
+                                          strict=True):
+        live = leases + next(claimed)
         wait = concurrency_retry_s(earliest, now)
         checks.append(Check("concurrency", conc.key, float(conc.limit), ok, False, 0.0 if ok else wait,
                             float(conc.limit - live), wait if live else 0.0))
-    for i, (budget, (previous, current)) in enumerate(zip(request.budgets, seen.windows, strict=True)):
+    for i, (budget, (previous, counted)) in enumerate(zip(request.budgets, seen.windows, strict=True)):
+        current = counted + next(claimed)
         index = window_index(now, budget.window_s)
         cap = seen.caps[i] if seen.caps else None
         big = tokens > budget.limit

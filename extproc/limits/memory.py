@@ -1,45 +1,12 @@
 """`MemoryStore`: the `Store` of one process (the embedded default, and the fail-open fallback).
 
-Semantics shared with `RedisStore` (the contract tests run the same cases against both). Times are
-the `now` carried by each call; the store reads no clock.
-
-Token bucket (`RateLimit`, LimitState "requests")
-    Capacity `burst`, refilled at `rate` per second, starts full. Admission takes one token. Refused
-    when less than one token is left: retry after the time until one whole token has refilled.
-    remaining = whole tokens left; reset_s = time until full. A `now` earlier than the bucket's last
-    stamp (another replica's clock slightly behind) refills nothing.
-
-Concurrency leases (`ConcurrencyLimit`, "concurrency")
-    One lease per request_id, expiring at now + lease_ttl_s; a lease with expiry <= now no longer
-    counts. Admitted when the live count is below `limit` (or the request already holds a lease under
-    that key, which is then renewed). `release` removes the leases (idempotent). Refused: retry after
-    min(1 s, time to the earliest lease expiry). remaining = limit - live leases; reset_s = that same
-    retry time while any lease is live, else 0.
-
-Token budgets (`TokenBudget`, "tokens" per minute, "tokens-day" per day, "tokens-<N>s" otherwise)
-    Sliding-window counter over fixed windows of window_s: index = floor(now / window_s);
-    estimate = previous * (1 - elapsed fraction of the current window) + current. Admitted when
-    estimate + tokens <= limit; the reservation adds `tokens` to the current window. A request larger
-    than `limit` is refused with refused_by "<name>:<key>:too-large" and retry_after = window_s.
-    Otherwise a refusal retries after the computed time until enough of the previous window (then, if
-    needed, the current one) has slid out, capped at window_s. remaining = floor(limit - estimate);
-    reset_s = time to the end of the current window.
-    `settle` adds (actual - reserved) to the window of `reservation.admitted_at`, clamped at 0, and is
-    skipped when that window is older than the previous one (it no longer counts). Idempotence: the
-    admission records the reserved tokens under the request_id (a pending marker living as long as
-    the charged windows count); `settle` applies only while the marker exists and deletes it. So
-    memory holds only unsettled reservations, and a second settle, or a settle of something never
-    admitted, changes nothing. `charge` adds tokens to given windows (clamped at 0), skipping
-    windows that no longer count.
-
-The decision
-    All-or-nothing: a refused admission changes nothing (no token, no lease, no reservation).
-    refused_by is "<name>:<key>" of the first refusing dimension (a too-large budget wins);
-    retry_after_s is the longest wait among the refusing dimensions. Every dimension reports its
-    LimitState after the decision, refused or not (remaining never below 0).
-
-Memory stays bounded: every `sweep_interval_s` of request time one pass drops full buckets, expired
-leases, windows older than the previous one and expired pending markers (amortised O(1) a request).
+The semantics are the README's ("The limits model"), computed by `_rules` and shared with `RedisStore`
+(the contract tests run the same cases against both). Times are the `now` carried by each call; the
+store reads no clock. A clock behind a bucket's last stamp refills nothing. `settle` applies (actual -
+reserved) to the window of `reservation.admitted_at`, clamped at 0, skipped once that window no longer
+counts, and only while the admission's pending marker exists (a second settle, or one of something never
+admitted, changes nothing). Memory stays bounded: every `sweep_interval_s` of request time one pass drops
+full buckets, expired leases, windows older than the previous one and expired markers.
 """
 
 from __future__ import annotations
@@ -66,7 +33,6 @@ from extproc.limits.types import (
     RateLimit,
     Reservation,
     TokenBudget,
-    WindowCharge,
 )
 
 __all__ = ["MemoryStore"]
@@ -107,9 +73,6 @@ class MemoryStore:
 
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         self.settle_now(reservation, actual_tokens, now)
-
-    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
-        self.charge_now(charges, now)
 
     async def close(self) -> None:
         return None
@@ -163,14 +126,6 @@ class MemoryStore:
             slot = (budget.key, budget.window_s, charged)
             self._windows[slot] = max(0, self._windows.get(slot, 0) + delta)
         return delta
-
-    def charge_now(self, charges: Sequence[WindowCharge], now: float) -> None:
-        self._maybe_sweep(now)
-        for charge in charges:
-            if charge.index < window_index(now, charge.window_s) - 1:
-                continue  # that window no longer counts
-            slot = (charge.key, charge.window_s, charge.index)
-            self._windows[slot] = max(0, self._windows.get(slot, 0) + charge.tokens)
 
     # --- dimensions -----------------------------------------------------------------------------
 

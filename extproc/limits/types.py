@@ -6,9 +6,8 @@ round trip. Times are seconds since the Unix epoch (wall clock: shared by every 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,17 +87,6 @@ class Reservation:
         return cls(request.request_id, request.tokens, request.concurrency, request.budgets, request.now)
 
 
-@dataclass(frozen=True, slots=True)
-class WindowCharge:
-    """Tokens to add to one window of a budget (negative: to take back), e.g. admissions a replica
-    decided on its own while the shared store was away, replayed once it is back."""
-
-    key: str  # the TokenBudget's key
-    window_s: int
-    index: int  # floor(time / window_s) of the window charged
-    tokens: int
-
-
 class StoreUnavailable(Exception):
     """The store could not answer within its deadline (Redis down or slow)."""
 
@@ -123,11 +111,3 @@ class Store(Protocol):
         ...
 
     async def close(self) -> None: ...
-
-
-@runtime_checkable
-class ChargeableStore(Protocol):
-    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
-        """Add each charge to its window (clamped at 0); windows that no longer count at `now`
-        (older than the previous one) are skipped."""
-        ...

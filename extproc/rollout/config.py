@@ -7,11 +7,12 @@ weight from a baseline pool to a canary pool step by step, gated by automated an
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from extproc.policy_types import HeaderName, Strict
 
 __all__ = [
     "Backend",
@@ -22,23 +23,17 @@ __all__ = [
     "check_splits",
 ]
 
-_HEADER = re.compile(r"^[a-z0-9-]+$")
-
 StickyBy = Literal["tenant", "session", "user", "request"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class Backend(_Strict):
+class Backend(Strict):
     """One pool a split sends traffic to; weights are relative (normalised over the split)."""
 
     pool: str
     weight: float = Field(ge=0.0)
 
 
-class RolloutConfig(_Strict):
+class RolloutConfig(Strict):
     """Progressive canary: weight moves from `baseline` to `canary` along `steps` (percent).
 
     Each step is held at least `hold_s` and needs `min_samples` requests on each side before it may be
@@ -74,7 +69,7 @@ class RolloutConfig(_Strict):
         return self
 
 
-class SplitConfig(_Strict):
+class SplitConfig(Strict):
     """Weighted split of one client model name over pools, sticky per user, tenant or session."""
 
     model: str
@@ -82,16 +77,9 @@ class SplitConfig(_Strict):
     # Bucketing key: "user" falls back to the tenant, then the request id; "session" falls back to
     # the user first; "request" is a fresh choice per request (exact split, no stickiness).
     sticky_by: StickyBy = "user"
-    override_header: str | None = None
+    override_header: HeaderName | None = None
     allow_override_tiers: tuple[str, ...] = ()
     rollout: RolloutConfig | None = None
-
-    @field_validator("override_header")
-    @classmethod
-    def _lower_header(cls, value: str | None) -> str | None:
-        if value is not None and not _HEADER.match(value):
-            raise ValueError(f"header name {value!r} must be lowercase letters, digits and '-'")
-        return value
 
     @model_validator(mode="after")
     def _backends(self) -> SplitConfig:
@@ -113,7 +101,7 @@ class SplitConfig(_Strict):
         return tuple(b.pool for b in self.backends)
 
 
-class RolloutPolicy(_Strict):
+class RolloutPolicy(Strict):
     """The `rollout:` section of the policy file."""
 
     splits: tuple[SplitConfig, ...] = ()
@@ -123,7 +111,7 @@ class RolloutPolicy(_Strict):
     fallback_route_file: str | None = None
     # Request header a client may send naming the model, for the fallback route (Envoy cannot read
     # the body when our service is bypassed). None: fallback routes match every request.
-    fallback_model_header: str | None = "x-gateway-model"
+    fallback_model_header: HeaderName | None = "x-gateway-model"
     # Split used by the fallback catch-all route when a request names no model in that header.
     fallback_default_model: str | None = None
 
@@ -135,8 +123,6 @@ class RolloutPolicy(_Strict):
             raise ValueError(f"duplicate split model(s): {duplicates}")
         if self.fallback_default_model is not None and self.fallback_default_model not in models:
             raise ValueError(f"fallback_default_model {self.fallback_default_model!r} is not a split model")
-        if self.fallback_model_header is not None and not _HEADER.match(self.fallback_model_header):
-            raise ValueError("fallback_model_header must be lowercase letters, digits and '-'")
         return self
 
     def by_model(self) -> dict[str, SplitConfig]:

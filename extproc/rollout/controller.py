@@ -4,8 +4,8 @@ Every replica runs one. The request path only calls the synchronous `current_wei
 and `record` (local counters). A background loop, every `refresh_interval_s`, flushes the local
 outcome counters to the store, re-reads every rollout state (so replicas converge on the same
 weights within about one interval), and every `analysis_interval_s` judges each active rollout on
-the outcomes pooled from every replica. A transition is a compare-and-set on the state's version:
-when several replicas reach the same verdict at once, exactly one transition happens.
+the outcomes pooled from every replica. A transition (`extproc.rollout.transitions`) is a compare-and-set on
+the state's version: when several replicas reach the same verdict at once, exactly one transition happens.
 """
 
 from __future__ import annotations
@@ -17,11 +17,13 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep
+from extproc.periodic import Periodic
 from extproc.rollout.analysis import OutcomeWindows, PoolWindow, Verdict, analyse
 from extproc.rollout.config import SplitConfig
 from extproc.rollout.split import split_weights
 from extproc.rollout.state import MANUAL, Command, RolloutState, RolloutStore, RolloutStoreUnavailable
+from extproc.rollout.transitions import after_verdict, by_operator, started
 
 __all__ = ["RolloutError", "Rollouts", "Weights"]
 
@@ -40,13 +42,16 @@ class Rollouts:
     def __init__(self, store: RolloutStore, splits: Iterable[SplitConfig] = (), *,
                  clock: Callable[[], float] = time.time, refresh_interval_s: float = 1.0,
                  on_weights: WeightsListener | None = None,
-                 on_transition: Callable[[RolloutState], None] | None = None) -> None:
+                 on_transition: Callable[[RolloutState], None] | None = None,
+                 sleep: Sleep = asyncio.sleep) -> None:
         """`clock`: wall-clock seconds (shared by replicas). `on_weights` is awaited with every model's
         weights whenever any of them changes (e.g. to rewrite Envoy's fallback route); `on_transition`
-        is called with every state this replica saved (metrics, logs)."""
+        is called with every state this replica saved (metrics, logs). `sleep` waits between refreshes."""
         self._store = store
         self._clock = clock
-        self._refresh_interval_s = refresh_interval_s
+        # A store that cannot be reached keeps the cached weights (logged once, and its recovery).
+        self._loop = Periodic("rollouts", self.tick, refresh_interval_s, log=log,
+                              expected=(RolloutStoreUnavailable,), sleep=sleep)
         self._on_weights = on_weights
         self._on_transition = on_transition
         self._splits: dict[str, SplitConfig] = {}
@@ -57,8 +62,6 @@ class Rollouts:
         self._pending = OutcomeWindows()
         self._analysed_at: dict[str, float] = {}
         self.verdicts: dict[str, Verdict] = {}
-        self.store_ok = True
-        self._task: asyncio.Task[None] | None = None
         self.configure(splits)
 
     # -- request path (synchronous) -----------------------------------------------------------------
@@ -110,32 +113,16 @@ class Rollouts:
     # -- background work ------------------------------------------------------------------------------
     async def start(self) -> None:
         """First refresh (errors logged, never raised), then the loop."""
-        await self._guarded(self.refresh)
-        self._task = asyncio.create_task(self._loop(), name="rollouts")
+        await self._loop.run_once(self.refresh)
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._refresh_interval_s)
-            await self._guarded(self.tick)
-
-    async def _guarded(self, work: Callable[[], Awaitable[Any]]) -> None:
-        try:
-            await work()
-        except RolloutStoreUnavailable as exc:
-            if self.store_ok:
-                log.warning("rollout store unavailable, keeping cached weights: %s", exc)
-            self.store_ok = False
-            return
-        except Exception:
-            log.exception("rollout loop failed; retrying next interval")
-            return
-        if not self.store_ok:
-            log.info("rollout store reachable again")
-        self.store_ok = True
+    @property
+    def store_ok(self) -> bool:
+        """Whether the last refresh worked (the store answered)."""
+        return not self._loop.failures.failing
 
     async def tick(self) -> list[RolloutState]:
         """Flush outcomes, refresh states, analyse rollouts whose interval is due; returns the
@@ -152,7 +139,7 @@ class Rollouts:
                 continue
             self._analysed_at[model] = now
             verdict = await self.analyse(model)
-            new = self._apply(state, verdict, split, now)
+            new = after_verdict(state, verdict, split.rollout, now)
             if new is not None and await self._commit(state, new):
                 made.append(new)
         return made
@@ -179,10 +166,7 @@ class Rollouts:
                 continue
             state = await self._store.load(model)
             if state is None or (state.canary, state.baseline) != (rollout.canary, rollout.baseline):
-                now = self._clock()
-                fresh = RolloutState(model, rollout.canary, rollout.baseline, 0, rollout.steps[0], "running",
-                                     f"started at {rollout.steps[0]:g}%", now, now,
-                                     (state.epoch + 1) if state else 1, (state.version + 1) if state else 1)
+                fresh = started(model, rollout, self._clock(), state)
                 if await self._store.save(fresh, state.version if state else 0):
                     self._announce(fresh)
                     state = fresh
@@ -210,25 +194,6 @@ class Rollouts:
                           split.rollout, self._clock(), state.step_started_at)
         self.verdicts[model] = verdict
         return verdict
-
-    def _apply(self, state: RolloutState, verdict: Verdict, split: SplitConfig, now: float) -> RolloutState | None:
-        if verdict.action == "rollback":
-            return state.next(status="rolled_back", weight=0.0, updated_at=now,
-                              reason=f"rolled back at {state.weight:g}%: {verdict.reason}")
-        if verdict.action == "promote" and state.status == "running":
-            return self._advanced(state, split, now, verdict.reason)
-        return None
-
-    @staticmethod
-    def _advanced(state: RolloutState, split: SplitConfig, now: float, why: str, to_end: bool = False) -> RolloutState:
-        assert split.rollout is not None
-        steps = split.rollout.steps
-        step = state.step + 1
-        if to_end or step >= len(steps) or steps[step] >= 100.0:
-            return state.next(status="promoted", step=len(steps) - 1, weight=100.0, updated_at=now,
-                              step_started_at=now, epoch=state.epoch + 1, reason=f"promoted to 100%: {why}")
-        return state.next(status="running", step=step, weight=steps[step], updated_at=now, step_started_at=now,
-                          epoch=state.epoch + 1, reason=f"step {step + 1}/{len(steps)} at {steps[step]:g}%: {why}")
 
     async def _commit(self, old: RolloutState, new: RolloutState) -> bool:
         if await self._store.save(new, old.version):
@@ -281,26 +246,10 @@ class Rollouts:
                 raise RolloutError(f"rollout state of {model!r} is not in the store yet")
             if state.status not in MANUAL[command]:
                 raise RolloutError(f"cannot {command} rollout {model!r}: it is {state.status}")
-            new = self._manual(state, split, command, self._clock(), to_end)
+            new = by_operator(state, split.rollout, command, self._clock(), to_end)
             if await self._commit(state, new):
                 return new
         raise RolloutError(f"rollout {model!r} kept changing; try again")
-
-    def _manual(self, state: RolloutState, split: SplitConfig, command: Command, now: float,
-                to_end: bool) -> RolloutState:
-        assert split.rollout is not None
-        if command == "promote":
-            return self._advanced(state, split, now, "by operator", to_end)
-        if command == "pause":
-            return state.next(status="paused", updated_at=now, reason="paused by operator")
-        if command == "resume":
-            return state.next(status="running", updated_at=now, step_started_at=now, epoch=state.epoch + 1,
-                              reason="resumed by operator")
-        if command == "abort":
-            return state.next(status="aborted", weight=0.0, updated_at=now, reason="aborted by operator")
-        first = split.rollout.steps[0]
-        return state.next(status="running", step=0, weight=first, updated_at=now, step_started_at=now,
-                          epoch=state.epoch + 1, reason=f"restarted by operator at {first:g}%")
 
     def describe(self) -> list[dict[str, Any]]:
         """Every split with its weights and rollout state (for an admin endpoint)."""

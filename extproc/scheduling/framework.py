@@ -1,7 +1,8 @@
 """The scheduling framework: Filter, Scorer and Picker protocols, profiles and their evaluation.
 
 Plugins see plain types only (no gRPC, no Envoy). The framework, not the plugins, clamps scores to
-[0, 1], applies weights and times every plugin, so a plugin stays a small pure function.
+[0, 1], applies weights and times plugins (when asked: the gateway samples), so a plugin stays a small pure
+function.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint
+from extproc.endpoints.config import SaturationConfig
 from extproc.endpoints.load import LoadModel
 
 # Scheduling requests built without a pool's model (tests, benches): default saturation, 1 s staleness.
@@ -105,10 +106,6 @@ class Explanation:
 PluginTimer = Callable[[str, float], None]
 
 
-def _no_timer(_: str, __: float) -> None:
-    return None
-
-
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -126,14 +123,17 @@ class Profile:
 
     def schedule(
         self, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,
-        timer: PluginTimer = _no_timer, explain: Explanation | None = None,
+        timer: PluginTimer | None = None, explain: Explanation | None = None,
     ) -> list[Endpoint]:
-        """Primary endpoint first, then up to `count - 1` fallbacks in preference order."""
+        """Primary endpoint first, then up to `count - 1` fallbacks in preference order. `timer` (when given)
+        is told each plugin's time; without it no clock is read."""
         candidates = list(endpoints)
+        clock = time.perf_counter
         for plugin in self.filters:
-            started = time.perf_counter()
+            started = clock() if timer is not None else 0.0
             kept = plugin.filter(request, candidates)
-            timer(plugin.name, time.perf_counter() - started)
+            if timer is not None:
+                timer(plugin.name, clock() - started)
             if explain is not None:
                 kept_ids = {id(e) for e in kept}
                 explain.filtered_out += [e.address for e in candidates if id(e) not in kept_ids]
@@ -142,19 +142,22 @@ class Profile:
             return []
         totals = [0.0] * len(candidates)
         for weighted in self.scorers:
-            started = time.perf_counter()
+            started = clock() if timer is not None else 0.0
             raw = weighted.scorer.score(request, candidates)
-            timer(weighted.scorer.name, time.perf_counter() - started)
+            if timer is not None:
+                timer(weighted.scorer.name, clock() - started)
+            weight = weighted.weight
             for index, value in enumerate(raw):
                 clamped = 0.0 if value != value else min(1.0, max(0.0, value))  # NaN -> 0
-                totals[index] += weighted.weight * clamped
+                totals[index] += weight * clamped
                 if explain is not None:
                     explain.scores.setdefault(candidates[index].address, {})[weighted.scorer.name] = clamped
         if explain is not None:
             explain.totals = {e.address: t for e, t in zip(candidates, totals, strict=True)}
-        started = time.perf_counter()
+        started = clock() if timer is not None else 0.0
         chosen = self.picker.pick(request, candidates, totals, count)
-        timer(self.picker.name, time.perf_counter() - started)
+        if timer is not None:
+            timer(self.picker.name, clock() - started)
         return chosen
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:

@@ -1,12 +1,12 @@
-"""Built-in profiles and the per-process `Scheduler` that owns plugin instances and their state."""
+"""Profiles built from their configuration (the built-in ones of `extproc.scheduling.config` and the policy's
+own), and the per-process `Scheduler` that owns plugin instances and their state."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
-from extproc.config.schema import BUILTIN_PROFILES, PluginConfig, PluginRef, ProfileConfig, SchedulingConfig
 from extproc.endpoints import Endpoint
+from extproc.scheduling.config import BUILTIN_PLUGINS, BUILTIN_PROFILE_CONFIGS, SchedulingConfig
 from extproc.scheduling.framework import (
     Explanation,
     Filter,
@@ -20,38 +20,6 @@ from extproc.scheduling.framework import (
 )
 from extproc.scheduling.plugins import register_builtins
 from extproc.scheduling.registry import Plugin, PluginError, PluginRegistry
-
-
-def _plugins(*items: tuple[str, str, dict[str, Any]]) -> tuple[PluginConfig, ...]:
-    return tuple(PluginConfig(name=name, type=kind, parameters=params) for name, kind, params in items)
-
-
-def _profile(name: str, *refs: tuple[str, float]) -> ProfileConfig:
-    return ProfileConfig(name=name, plugins=tuple(PluginRef(pluginRef=ref, weight=w) for ref, w in refs))
-
-
-# Plugin instances of the built-in profiles; a policy's own plugins may not reuse these names.
-BUILTIN_PLUGINS = _plugins(
-    ("saturation", "saturation-filter", {}),
-    ("prefix", "prefix-affinity-scorer", {}),
-    ("queue", "queue-scorer", {}),
-    ("kv", "kv-cache-utilization-scorer", {}),
-    ("lora", "lora-affinity-scorer", {}),
-    ("inflight", "inflight-scorer", {}),
-    ("max-score", "max-score-picker", {}),
-    ("random", "random-picker", {}),
-)
-BUILTIN_PROFILE_CONFIGS = (
-    # Prefix affinity dominates (weight 3; its home outscores its spill by 2.4, more than queue and KV can add)
-    # while its hot threshold and the saturation filter keep a hot prefix from overloading one endpoint; queue
-    # and KV scores order the other endpoints (fallbacks, and requests without a prefix).
-    _profile("default", ("saturation", 1), ("prefix", 3), ("queue", 1), ("kv", 1), ("lora", 1), ("max-score", 1)),
-    _profile("load-only", ("saturation", 1), ("queue", 1), ("kv", 1), ("inflight", 1), ("lora", 1),
-             ("max-score", 1)),
-    _profile("least-inflight", ("inflight", 1), ("max-score", 1)),
-    _profile("random", ("random", 1)),
-)
-assert tuple(p.name for p in BUILTIN_PROFILE_CONFIGS) == BUILTIN_PROFILES
 
 
 def build_profiles(config: SchedulingConfig, registry: PluginRegistry) -> dict[str, Profile]:
@@ -110,10 +78,7 @@ class Scheduler:
 
     def schedule(self, profile: str, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,
                  timer: PluginTimer | None = None, explain: Explanation | None = None) -> list[Endpoint]:
-        chosen_profile = self.profiles[profile]
-        if timer is None:
-            return chosen_profile.schedule(request, endpoints, count, explain=explain)
-        return chosen_profile.schedule(request, endpoints, count, timer, explain)
+        return self.profiles[profile].schedule(request, endpoints, count, timer, explain)
 
 
 def validate_scheduling(config: SchedulingConfig) -> None:

@@ -24,7 +24,7 @@ from envoy.data.accesslog.v3 import accesslog_pb2
 from envoy.service.accesslog.v3 import als_pb2, als_pb2_grpc
 
 from extproc.gateway.usage import UsageReport, decode_reservation, settlement
-from extproc.limits.types import Store
+from extproc.limits.types import Reservation, Store
 from extproc.rollout.analysis import tpot_seconds
 from extproc.server.grpc_auth import authorized, refuse
 from extproc.server.protocol import METADATA_NAMESPACE
@@ -98,6 +98,7 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         self._on_outcome = on_outcome
         self._on_pool_outcome = on_pool_outcome  # canary analysis: (pool, ok, ttft_s, tpot_s)
         self._on_prompt_usage = on_prompt_usage  # prompt calibration: (pool, our estimate, real prompt tokens)
+        self._cpu = metrics.phase_cpu["access_log"].inc  # CPU of parsing and recording entries
         self.entries_total = 0
         self.settled_total = 0
 
@@ -112,12 +113,36 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         async for message in request_iterator:
             for entry in message.http_logs.log_entry:
                 try:
-                    await self.record(usage_report(entry))
+                    started = time.thread_time()
+                    report = usage_report(entry)
+                    self._cpu(time.thread_time() - started)
+                    await self.record(report)
                 except Exception:  # one bad entry must not end Envoy's log stream
                     log.exception("access log entry could not be processed")
         return als_pb2.StreamAccessLogsResponse()
 
     async def record(self, report: UsageReport) -> None:
+        started = time.thread_time()
+        held, settle = self.observe(report)
+        self._cpu(time.thread_time() - started)
+        if held is not None:
+            try:
+                await self._store.release(held, time.time())
+            except Exception:
+                self._metrics.store_failures.labels("release").inc()
+        if settle is None:
+            return
+        held, tokens = settle
+        try:
+            await self._store.settle(held, tokens, time.time())
+            self.settled_total += 1
+        except Exception:
+            self._metrics.store_failures.labels("settle").inc()
+            log.warning("settling usage of %s failed; the reserved estimate stands", held.request_id)
+
+    def observe(self, report: UsageReport) -> tuple[Reservation | None, tuple[Reservation, int] | None]:
+        """Record the entry's outcome (metrics, health, canary analysis, calibration); returns the leases to
+        release here (decided by another process) and the settlement to make, for the store."""
         self.entries_total += 1
         pool = report.pool or "none"
         # Passive health: 5xx, and failures after the response headers (a replica dying mid-stream).
@@ -148,19 +173,6 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
             if self._on_pool_outcome is not None:
                 self._on_pool_outcome(report.pool, ok, ttft, tpot)
         held = decode_reservation(report.reservation) if report.reservation else None
-        if held is not None and held.concurrency and not (
-                self._decided_here is not None and self._decided_here(held.request_id)):
-            try:
-                await self._store.release(held, time.time())
-            except Exception:
-                self._metrics.store_failures.labels("release").inc()
-        settle = settlement(report, held)
-        if settle is None:
-            return
-        held, tokens = settle
-        try:
-            await self._store.settle(held, tokens, time.time())
-            self.settled_total += 1
-        except Exception:
-            self._metrics.store_failures.labels("settle").inc()
-            log.warning("settling usage of %s failed; the reserved estimate stands", held.request_id)
+        release = held if held is not None and held.concurrency and not (
+            self._decided_here is not None and self._decided_here(held.request_id)) else None
+        return release, settlement(report, held)

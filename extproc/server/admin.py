@@ -23,8 +23,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from extproc.endpoints import EndpointRegistry
-from extproc.gateway import Gateway, RequestHead, SnapshotHolder
+from extproc.gateway import Parts, RequestHead, RuntimeHolder
+from extproc.gateway.auth import Authenticator
+from extproc.limits.slices import Slices
 from extproc.rollout.controller import RolloutError, Rollouts
 from extproc.tenants import ANONYMOUS, Tenant
 
@@ -90,7 +91,7 @@ class _Bucket:
         return (1 - self.level) / self.rate
 
 
-def _explain_spec(spec: Any, gateway: Gateway,
+def _explain_spec(spec: Any, authenticator: Authenticator,
                   mode: str) -> tuple[RequestHead, bytes, Tenant | None] | web.Response:
     """The request an explain call describes, or a 400/404 answer for a malformed one."""
     if not isinstance(spec, dict):
@@ -109,7 +110,7 @@ def _explain_spec(spec: Any, gateway: Gateway,
     if mode == "api-key":
         if name is None:
             return _error(400, "auth mode api-key: name the tenant to decide as ('tenant': NAME)")
-        tenant = gateway.authenticator.keys.tenant(name)
+        tenant = authenticator.keys.tenant(name)
         if tenant is None:
             return _error(404, f"no tenant named {name!r} in the keys file")
     elif mode == "none":
@@ -119,14 +120,15 @@ def _explain_spec(spec: Any, gateway: Gateway,
 
 def build_admin_app(
     metrics_registry: CollectorRegistry,
-    endpoints: EndpointRegistry,
-    snapshots: SnapshotHolder,
+    runtimes: RuntimeHolder,
     is_ready: Callable[[], bool],
-    gateway: Gateway,
+    parts: Parts,
     rollouts: Rollouts | None = None,
     token: str | None = None,
+    slices: Slices | None = None,
 ) -> web.Application:
-    explain_bucket = _Bucket(snapshots.current.policy.service.explain_per_s)
+    explain_bucket = _Bucket(runtimes.current.policy.service.explain_per_s)
+    gateway, health = parts.gateway, parts.health
 
     async def metrics(_: web.Request) -> web.Response:
         body = generate_latest(metrics_registry)
@@ -144,30 +146,29 @@ def build_admin_app(
 
     async def pools(_: web.Request) -> web.Response:
         now = time.monotonic()
-        states = gateway.health.states(now)
-        snapshot = snapshots.current
+        states = health.states(now)
+        runtime = runtimes.current
         data = {}
-        for pool in endpoints.pools():
-            load = snapshot.load.get(pool.name)
+        for pool in runtime.pools.values():
+            load = pool.load
             data[pool.name] = [
                 {"address": ep.address, "in_flight": ep.in_flight, "picked_total": ep.picked_total,
-                 "available": gateway.health.available(ep, now), "breaker": states.get(ep.address, "closed"),
+                 "available": health.available(ep, now), "breaker": states.get(ep.address, "closed"),
                  "scrape_failures": ep.scrape_failures,
                  "metrics_age_s": None if ep.metrics is None else round(now - ep.metrics.scraped_at, 3),
                  "waiting": None if ep.metrics is None else ep.metrics.waiting,
                  "running": None if ep.metrics is None else ep.metrics.running,
                  "kv_usage": None if ep.metrics is None else ep.metrics.kv_usage,
                  # The load model's view (extproc.endpoints.load), shared by flow control and the scheduler.
-                 "load": None if load is None else load.requests(ep, now),
-                 "capacity": None if load is None else load.capacity(ep, now),
-                 "room": None if load is None else _number(load.room(ep, now)),
+                 "load": load.requests(ep, now), "capacity": load.capacity(ep, now),
+                 "room": _number(load.room(ep, now)),
                  "peak_running": ep.engine.peak_running,
                  "queued_for_s": None if ep.engine.queued_since is None or ep.metrics is None
                  else round(ep.metrics.scraped_at - ep.engine.queued_since, 3)}
                 for ep in pool.endpoints
             ]
-        return web.json_response({"config_version": snapshots.current.version, "pools": data,
-                                  "prompt_calibration": gateway.calibration.describe()})
+        return web.json_response({"config_version": runtime.version, "pools": data,
+                                  "prompt_calibration": parts.calibration.describe()})
 
     async def explain(request: web.Request) -> web.Response:
         """POST {"path", "method"?, "headers"?, "body": object|string, "tenant"?} -> the decision it would get."""
@@ -179,15 +180,19 @@ def build_admin_app(
             spec = json.loads(await request.read())
         except ValueError:  # also invalid UTF-8
             return _error(400, "body must be JSON")
-        parsed = _explain_spec(spec, gateway, snapshots.current.policy.auth.mode)
+        parsed = _explain_spec(spec, parts.authenticator, runtimes.current.policy.auth.mode)
         if isinstance(parsed, web.Response):
             return parsed
         head, raw, tenant = parsed
         return web.json_response(gateway.explain(head, raw, tenant))
 
+    async def limits(_: web.Request) -> web.Response:
+        """This replica's slices of the limits (Redis store) and its fail-open view of them."""
+        return web.json_response({"slices": slices.describe(time.time()) if slices is not None else []})
+
     async def flow(_: web.Request) -> web.Response:
         """Flow control per pool: queued per class, saturation, counters and the longest wait seen."""
-        return web.json_response({"pools": gateway.flow.stats()})
+        return web.json_response({"pools": parts.flow.stats()})
 
     async def rollout_status(_: web.Request) -> web.Response:
         return web.json_response({"rollouts": rollouts.describe() if rollouts is not None else []})
@@ -209,7 +214,7 @@ def build_admin_app(
             return _error(409, str(exc))
         return web.json_response({"model": model, "state": str(state)})
 
-    limit = snapshots.current.policy.bounds.max_body_bytes * 2 + 65536
+    limit = runtimes.current.policy.bounds.max_body_bytes * 2 + 65536
     app = web.Application(client_max_size=limit, middlewares=[access_guard(token)])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
@@ -218,5 +223,6 @@ def build_admin_app(
     app.router.add_post("/debug/explain", explain)
     app.router.add_get("/debug/rollouts", rollout_status)
     app.router.add_get("/debug/flow", flow)
+    app.router.add_get("/debug/limits", limits)
     app.router.add_post("/rollouts/{action}", rollout_command)
     return app

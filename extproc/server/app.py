@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from dataclasses import dataclass
@@ -18,10 +19,9 @@ from prometheus_client import CollectorRegistry
 
 from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
-from extproc.endpoints import EndpointRegistry, MetricsScraper
+from extproc.endpoints import Endpoint, EndpointRegistry, MetricsScraper
 from extproc.endpoints.discovery import DnsDiscoverer
-from extproc.endpoints.load import observe
-from extproc.gateway import Gateway, SnapshotHolder
+from extproc.gateway import Gateway, Parts, RuntimeHolder, build_gateway
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
 from extproc.limits.redis_store import RedisStore
@@ -37,6 +37,7 @@ from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.placements import PlacementSync
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_placement_sync, build_store
+from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
@@ -52,15 +53,22 @@ _GRPC_OPTIONS = [
 ]
 
 
+# Several workers on one port: connections aged out, so Envoy's new ones spread over them (workers.py).
+_WORKER_GRPC_OPTIONS = [
+    ("grpc.max_connection_age_ms", int(CONNECTION_AGE_S * 1000)),
+    ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
+]
+
+
 @dataclass
 class Service:
     """Everything one service process owns; built by `build_service`, run by `run`."""
 
     policy_path: Path | None
-    snapshots: SnapshotHolder
+    runtimes: RuntimeHolder
     endpoints: EndpointRegistry
     metrics: GatewayMetrics
-    gateway: Gateway
+    parts: Parts
     grpc_server: grpc.aio.Server
     health: HealthServicer
     admin_runner: web.AppRunner
@@ -79,8 +87,12 @@ class Service:
     admin_port: int = 0
     draining: bool = False
 
+    @property
+    def gateway(self) -> Gateway:
+        return self.parts.gateway
+
     async def start(self) -> None:
-        service = self.snapshots.current.policy.service
+        service = self.runtimes.current.policy.service
         self.grpc_port = self.grpc_server.add_insecure_port(f"{service.grpc_host}:{service.grpc_port}")
         await self.grpc_server.start()
         await self.admin_runner.setup()
@@ -88,7 +100,7 @@ class Service:
         await site.start()
         sockets = self.admin_runner.addresses
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
-        self.discovery.configure(self.snapshots.current.policy.pools)
+        self.discovery.configure(self.runtimes.current.policy.pools)
         await self.scraper.start()
         if self.fleet is not None:
             await self.fleet.start()
@@ -138,43 +150,48 @@ class Service:
         await self.admin_runner.cleanup()
 
 
-def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
+def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple[int, int] | None = None) -> Service:
+    """`worker`: (index, count) when this process is one of `serve --workers N` (see workers.py)."""
     registry = CollectorRegistry()
     metrics = GatewayMetrics(registry)
-    snapshots = SnapshotHolder(policy)
     endpoints = EndpointRegistry()
-    registry.register(PoolTtftCollector(endpoints))
+    runtimes = RuntimeHolder(policy, endpoints)
+
+    def pools() -> list[tuple[str, tuple[Endpoint, ...]]]:
+        return [(pool.name, pool.endpoints) for pool in runtimes.current.pools.values()]
+
+    registry.register(PoolTtftCollector(pools))
     authenticator = Authenticator(load_keys(policy, policy_path))
     rollouts, writer = build_rollouts(policy, policy_path)
-    gateway = Gateway(snapshots, endpoints, metrics, authenticator=authenticator, rollouts=rollouts)
-    discovery = DnsDiscoverer(gateway.discovered_endpoints)
-    reloader = Reloader(snapshots, gateway, rollouts, writer, metrics, discovery)
+    parts = build_gateway(runtimes, metrics, authenticator=authenticator, rollouts=rollouts)
+    gateway = parts.gateway
+    discovery = DnsDiscoverer(runtimes.discovered)
+    reloader = Reloader(runtimes, rollouts, writer, metrics, discovery)
     watcher = (PolicyWatcher(policy_path, reloader.apply, reloader.rejected, current=policy)
                if policy_path is not None else None)
-    metrics.config_version.set(snapshots.current.version)
+    metrics.config_version.set(runtimes.current.version)
     store, redis = build_store(policy)
-    server = grpc.aio.server(options=_GRPC_OPTIONS)
+    server = grpc.aio.server(options=_GRPC_OPTIONS + (_WORKER_GRPC_OPTIONS if worker is not None else []))
     grpc_token = read_token(policy.service.grpc_token_file)
     ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store, grpc_token, metrics),
                                                      server)
-    access_log = AccessLogService(store, metrics, gateway.record_outcome, rollouts.record,
-                                  on_prompt_usage=gateway.calibration.observe, token=grpc_token,
+    access_log = AccessLogService(store, metrics, parts.outcomes, rollouts.record,
+                                  on_prompt_usage=parts.calibration.observe, token=grpc_token,
                                   decided_here=gateway.request_ids.mine)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    scraper = MetricsScraper(endpoints, policy.scheduling.scrape,
-                             observe=lambda e, m, n: observe(e, m, n, snapshots.current.policy.saturation))
-    scraper.on_scrape = gateway.flow.kick_all  # fresh metrics may show room for queued requests
-    registry.register(FlowCollector(gateway.flow))
+    scraper = MetricsScraper(endpoints, policy.scheduling.scrape, saturation=lambda: runtimes.current.policy.saturation)
+    scraper.on_scrape = parts.flow.kick_all  # fresh metrics may show room for queued requests
+    registry.register(FlowCollector(parts.flow))
     registry.register(PoolCollector(
-        endpoints, gateway.health, lambda: snapshots.current.policy.scheduling.scrape.stale_after_ms / 1000))
-    service = Service(policy_path, snapshots, endpoints, metrics, gateway, server, health_servicer,
+        pools, parts.health, lambda: runtimes.current.policy.scheduling.scrape.stale_after_ms / 1000))
+    service = Service(policy_path, runtimes, endpoints, metrics, parts, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
-    service.calibration_sync = build_calibration_sync(policy, gateway.calibration)
-    service.fleet = fleet = build_fleet_sync(policy, endpoints, gateway.flow.kick_all)
-    service.placements = placements = build_placement_sync(policy, lambda: gateway.scheduler)
+    service.calibration_sync = build_calibration_sync(policy, parts.calibration)
+    service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
+    service.placements = placements = build_placement_sync(policy, lambda: runtimes.current.scheduler)
     if placements is not None:
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
     if fleet is not None:
@@ -185,28 +202,32 @@ def build_service(policy: Policy, policy_path: Path | None = None) -> Service:
         metrics.store_up.set_function(lambda: 1.0 if failover.primary_up else 0.0)
         metrics.store_degraded_admits.set_function(lambda: float(failover.degraded_admits_total))
         metrics.store_primary_failures.set_function(lambda: float(failover.failures_total))
-        metrics.store_replayed_tokens.set_function(lambda: float(failover.replayed_tokens_total))
-    if redis is not None:
-        shared = redis
-        metrics.store_admissions.labels("optimistic").set_function(lambda: float(shared.optimistic_total))
-        metrics.store_admissions.labels("awaited").set_function(lambda: float(shared.awaited_total))
-        metrics.store_overshoots.set_function(
-            lambda: float(shared.headroom.overshoots_total if shared.headroom is not None else 0))
+    if redis is not None and redis.slices is not None:
+        slices = redis.slices
+        metrics.store_admissions.labels("slice").set_function(lambda: float(slices.local_total))
+        metrics.store_admissions.labels("awaited").set_function(lambda: float(slices.awaited_total))
+        metrics.store_uncovered.set_function(lambda: float(slices.uncovered_total))
     service.admin_runner = web.AppRunner(
-        build_admin_app(registry, endpoints, snapshots, service.ready, gateway, rollouts,
-                        read_token(policy.service.admin_token_file)), access_log=None
+        build_admin_app(registry, runtimes, service.ready, parts, rollouts,
+                        read_token(policy.service.admin_token_file), redis.slices if redis is not None else None),
+        access_log=None
     )
     return service
 
 
 async def run(policy_path: Path, grace_s: float = 10.0, grpc_port: int | None = None,
-              admin_port: int | None = None, drain_delay_s: float = 3.0) -> int:
+              admin_port: int | None = None, drain_delay_s: float = 3.0, worker: tuple[int, int] | None = None) -> int:
     policy = load_policy(policy_path)
+    if worker is not None:  # one of `serve --workers N`: its own admin port next to the supervisor's
+        admin_port = worker_admin_port(admin_port if admin_port is not None else policy.service.admin_port, worker[0])
     overrides = {k: v for k, v in (("grpc_port", grpc_port), ("admin_port", admin_port)) if v is not None}
     if overrides:
         policy = policy.model_copy(update={"service": policy.service.model_copy(update=overrides)})
-    service = build_service(policy, policy_path)
+    service = build_service(policy, policy_path, worker)
     await service.start()
+    # Everything built so far lives as long as the process: out of the collector's sight, a full collection
+    # walks only what requests allocate (86,000 startup objects made each one a ~25 ms pause).
+    gc.freeze()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 
 from extproc.gateway.calibration import PromptCalibration
-from extproc.limits.resp import RespClient
+from extproc.limits.cluster import RedisClient
 from extproc.server.fleet import ReplicaExchange, exchange, replica_name
 
 __all__ = ["CALIBRATION_KEY", "CalibrationSync"]
@@ -28,7 +28,7 @@ CALIBRATION_KEY = "calib:prompt"
 class CalibrationSync(ReplicaExchange):
     WHAT = "prompt calibration sync"
 
-    def __init__(self, client: RespClient, calibration: PromptCalibration, interval_s: float = 2.0, *,
+    def __init__(self, client: RedisClient, calibration: PromptCalibration, interval_s: float = 2.0, *,
                  stale_after_s: float | None = None, replica_id: str | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         super().__init__(client, interval_s)

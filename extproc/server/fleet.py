@@ -25,10 +25,12 @@ import time
 import uuid
 from collections.abc import Callable
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep
 from extproc.endpoints import EndpointRegistry
-from extproc.limits.resp import RespClient, Script
+from extproc.limits.cluster import RedisClient
+from extproc.limits.resp import Script
 from extproc.limits.types import StoreUnavailable
+from extproc.periodic import Periodic
 
 __all__ = ["FLEET_KEY", "FleetSync", "exchange", "parse_counts", "replica_name"]
 
@@ -57,7 +59,7 @@ return fresh
 """)
 
 
-async def exchange(client: RespClient, key: str, replica_id: str, value: str, now: float,
+async def exchange(client: RedisClient, key: str, replica_id: str, value: str, now: float,
                    stale_after_s: float) -> dict[str, bytes]:
     """Publish `value` ("<wall time> ...") as this replica's field of hash `key`; return the other replicas'
     values not older than `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
@@ -77,26 +79,27 @@ def replica_name() -> str:
 
 
 class ReplicaExchange:
-    """A background loop that runs `sync_once` every `interval_s` on its own Redis connection, counts and
-    logs (throttled) failures, and never dies of one."""
+    """Runs `sync_once` every `interval_s` (a `Periodic`) on its own Redis connection. A failed exchange is
+    counted (`failures_total`), logged once per state change (and the recovery), and never ends the loop."""
 
     SCRIPTS = (_EXCHANGE,)  # what the client must load (`exchange` runs it)
     WHAT = "replica exchange"  # for task names and log lines
-    LOG_EVERY = 100  # failures between repeated warnings
 
-    def __init__(self, client: RespClient, interval_s: float) -> None:
+    def __init__(self, client: RedisClient, interval_s: float, *, sleep: Sleep = asyncio.sleep) -> None:
         self._client = client
         self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
-        self.failures_total = 0
+        self._loop = Periodic(self.WHAT, self._round, interval_s, log=_log, expected=(StoreUnavailable,),
+                              sleep=sleep)
+
+    @property
+    def failures_total(self) -> int:
+        return self._loop.failures.failures_total
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._loop(), name=self.WHAT)
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
         await self._client.close()
 
     async def sync_once(self) -> object:
@@ -105,19 +108,12 @@ class ReplicaExchange:
     def _failed(self) -> None:
         """After a failed exchange (Redis unreachable or late)."""
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                await self.sync_once()
-            except StoreUnavailable as exc:
-                self.failures_total += 1
-                if self.failures_total == 1 or self.failures_total % self.LOG_EVERY == 0:
-                    _log.warning("%s failed (%d so far): %s", self.WHAT, self.failures_total, exc)
-                self._failed()
-            except Exception:  # never let the loop die
-                self.failures_total += 1
-                _log.exception("%s failed", self.WHAT)
+    async def _round(self) -> None:
+        try:
+            await self.sync_once()
+        except Exception:
+            self._failed()
+            raise
 
 
 def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
@@ -131,9 +127,8 @@ def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
 
 class FleetSync(ReplicaExchange):
     WHAT = "fleet in-flight sync"
-    LOG_EVERY = 1000
 
-    def __init__(self, client: RespClient, endpoints: EndpointRegistry, interval_s: float, *,
+    def __init__(self, client: RedisClient, endpoints: EndpointRegistry, interval_s: float, *,
                  stale_after_s: float | None = None, on_sync: Callable[[], None] | None = None,
                  replica_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__(client, interval_s)
@@ -172,7 +167,7 @@ class FleetSync(ReplicaExchange):
                     totals[address] = totals.get(address, 0) + count
         self.replicas = 1 + fresh
         for endpoint in self._endpoints.endpoints():
-            endpoint.others_in_flight = totals.get(endpoint.address, 0)
+            endpoint.others(totals.get(endpoint.address, 0))
         if self._on_sync is not None:
             self._on_sync()
 

@@ -6,10 +6,11 @@ import asyncio
 import logging
 from pathlib import Path
 
-from extproc.aio import cancel_and_wait
+from extproc.aio import Sleep
 from extproc.config import ConfigError, Policy
 from extproc.config.watch import Signature, file_signature
 from extproc.gateway.auth import Authenticator
+from extproc.periodic import Periodic
 from extproc.tenants import KeyRing
 
 log = logging.getLogger(__name__)
@@ -28,13 +29,15 @@ def _resolve(name: str, base: Path | None) -> Path:
 
 
 class KeysWatcher:
-    """Reloads the keys file when it changes; a bad file is logged and the old ring stays."""
+    """Reloads the keys file when it changes; a bad file is logged and the old ring stays. `sleep` between
+    polls is injectable (tests run the loop a round at a time)."""
 
-    def __init__(self, policy: Policy, policy_path: Path | None, authenticator: Authenticator) -> None:
+    def __init__(self, policy: Policy, policy_path: Path | None, authenticator: Authenticator, *,
+                 sleep: Sleep = asyncio.sleep) -> None:
         self._policy = policy
         self._path = _resolve(policy.auth.keys_file, policy_path) if policy.auth.keys_file else None
         self._authenticator = authenticator
-        self._task: asyncio.Task[None] | None = None
+        self._loop = Periodic("keys-watch", self.check, policy.auth.reload_interval_s, log=log, sleep=sleep)
         self._signature: Signature | None = None
         self.reloads_total = 0
         self.errors_total = 0
@@ -47,26 +50,25 @@ class KeysWatcher:
         if self._path is None or self._policy.auth.mode != "api-key":
             return
         self._signature = await asyncio.to_thread(self._stat)
-        self._task = asyncio.create_task(self._loop(), name="keys-watch")
+        self._loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        await cancel_and_wait(task)
+        await self._loop.stop()
 
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self._policy.auth.reload_interval_s)
-            signature = await asyncio.to_thread(self._stat)
-            if signature is None or signature == self._signature:
-                continue
-            self._signature = signature
-            try:
-                assert self._path is not None
-                ring = await asyncio.to_thread(KeyRing.from_file, self._path, set(self._policy.tiers))
-            except (ConfigError, OSError, UnicodeDecodeError) as exc:
-                self.errors_total += 1
-                log.error("keys file %s rejected, keeping the previous keys: %s", self._path, exc)
-                continue
-            self._authenticator.keys = ring
-            self.reloads_total += 1
-            log.info("keys file %s reloaded: %d active keys", self._path, len(ring))
+    async def check(self) -> bool:
+        """One poll: True when a changed, valid keys file was swapped in."""
+        signature = await asyncio.to_thread(self._stat)
+        if signature is None or signature == self._signature:
+            return False
+        self._signature = signature
+        try:
+            assert self._path is not None
+            ring = await asyncio.to_thread(KeyRing.from_file, self._path, set(self._policy.tiers))
+        except (ConfigError, OSError, UnicodeDecodeError) as exc:
+            self.errors_total += 1
+            log.error("keys file %s rejected, keeping the previous keys: %s", self._path, exc)
+            return False
+        self._authenticator.keys = ring
+        self.reloads_total += 1
+        log.info("keys file %s reloaded: %d active keys", self._path, len(ring))
+        return True

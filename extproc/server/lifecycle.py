@@ -3,29 +3,18 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from extproc.config import ConfigError, Policy
 from extproc.endpoints.discovery import DnsDiscoverer
-from extproc.gateway import Gateway, SnapshotHolder
+from extproc.gateway import Runtime, RuntimeHolder
 from extproc.rollout.controller import Rollouts
 from extproc.rollout.envoy_sync import FallbackRouteWriter
-from extproc.rollout.redis_store import RedisRolloutStore
-from extproc.rollout.state import MemoryRolloutStore, RolloutStore
-from extproc.server.stores import REDIS_URL_ENV
+from extproc.server.stores import build_rollout_store
 from extproc.telemetry import GatewayMetrics
 from extproc.xds.render import route_config
 
 log = logging.getLogger(__name__)
-
-
-def rollout_store(policy: Policy) -> RolloutStore:
-    """Rollout state goes where the limits go: Redis makes every replica apply the same weights."""
-    url = os.environ.get(REDIS_URL_ENV) or policy.limits.redis_url
-    if policy.limits.store == "redis" and url:
-        return RedisRolloutStore(url)
-    return MemoryRolloutStore()
 
 
 def fallback_writer(policy: Policy, base: Path | None) -> FallbackRouteWriter | None:
@@ -46,43 +35,45 @@ def build_rollouts(policy: Policy, policy_path: Path | None) -> tuple[Rollouts, 
     def transition(state: object) -> None:
         log.info("rollout transition: %s", state)
 
-    rollouts = Rollouts(rollout_store(policy), policy.rollout.splits,
+    rollouts = Rollouts(build_rollout_store(policy), policy.rollout.splits,
                         refresh_interval_s=policy.rollout.refresh_interval_s, on_weights=writer,
                         on_transition=transition)
     return rollouts, writer
 
 
 class Reloader:
-    """Applies a new policy from the watcher: one snapshot swap; in-flight requests keep theirs."""
+    """Applies a new policy from the watcher: one runtime swap (in-flight requests keep theirs); the I/O
+    components that follow the policy hear of it as listeners of the swap."""
 
-    def __init__(self, snapshots: SnapshotHolder, gateway: Gateway, rollouts: Rollouts,
-                 writer: FallbackRouteWriter | None, metrics: GatewayMetrics,
-                 discovery: DnsDiscoverer | None = None) -> None:
-        self._discovery = discovery
-        self._snapshots = snapshots
-        self._gateway = gateway
-        self._rollouts = rollouts
-        self._writer = writer
+    def __init__(self, runtimes: RuntimeHolder, rollouts: Rollouts, writer: FallbackRouteWriter | None,
+                 metrics: GatewayMetrics, discovery: DnsDiscoverer | None = None) -> None:
+        self._runtimes = runtimes
         self._metrics = metrics
+        runtimes.on_policy(lambda runtime: rollouts.configure(runtime.policy.rollout.splits))
+        if discovery is not None:
+            runtimes.on_policy(lambda runtime: discovery.configure(runtime.policy.pools))
+        if writer is not None:
+            runtimes.on_policy(lambda runtime: _configure_writer(writer, runtime))
 
     def apply(self, policy: Policy) -> None:
-        current = self._snapshots.current.policy
-        if policy.service != current.service or policy.limits.store != current.limits.store:
-            log.warning("service ports and the limits store are not reloaded live; restart to change them")
-        snapshot = self._snapshots.replace(policy)
-        self._gateway.reload()
-        self._rollouts.configure(policy.rollout.splits)
-        if self._discovery is not None:
-            self._discovery.configure(policy.pools)
-        if self._writer is not None:
-            rollout = policy.rollout
-            self._writer.configure(route_config(policy), cluster_header=policy.envoy.cluster_header,
-                                   model_header=rollout.fallback_model_header,
-                                   default_model=rollout.fallback_default_model)
+        current = self._runtimes.current.policy
+        redis = ("store", "redis_url", "redis_tls", "redis_cluster")
+        if policy.service != current.service or any(
+                getattr(policy.limits, name) != getattr(current.limits, name) for name in redis):
+            log.warning("service ports and the limits store (Redis URL, TLS, cluster) are not reloaded live; "
+                        "restart to change them")
+        runtime = self._runtimes.replace(policy)
         self._metrics.config_loads.labels("ok").inc()
-        self._metrics.config_version.set(snapshot.version)
-        log.info("policy reloaded: version %d, %d pools", snapshot.version, len(policy.pools))
+        self._metrics.config_version.set(runtime.version)
+        log.info("policy reloaded: version %d, %d pools", runtime.version, len(policy.pools))
 
     def rejected(self, error: ConfigError) -> None:
         self._metrics.config_loads.labels("error").inc()
-        log.error("policy file rejected, keeping version %d:\n%s", self._snapshots.current.version, error)
+        log.error("policy file rejected, keeping version %d:\n%s", self._runtimes.current.version, error)
+
+
+def _configure_writer(writer: FallbackRouteWriter, runtime: Runtime) -> None:
+    policy = runtime.policy
+    rollout = policy.rollout
+    writer.configure(route_config(policy), cluster_header=policy.envoy.cluster_header,
+                     model_header=rollout.fallback_model_header, default_model=rollout.fallback_default_model)

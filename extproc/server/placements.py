@@ -21,7 +21,8 @@ import json
 import logging
 from collections.abc import Callable
 
-from extproc.limits.resp import RespClient, Script
+from extproc.limits.cluster import RedisClient
+from extproc.limits.resp import Script
 from extproc.scheduling import Scheduler
 from extproc.server.fleet import ReplicaExchange, replica_name
 
@@ -65,9 +66,8 @@ return out
 class PlacementSync(ReplicaExchange):
     SCRIPTS = (_EXCHANGE,)
     WHAT = "prefix placement sync"
-    LOG_EVERY = 1000
 
-    def __init__(self, client: RespClient, scheduler: Callable[[], Scheduler], interval_s: float, *,
+    def __init__(self, client: RedisClient, scheduler: Callable[[], Scheduler], interval_s: float, *,
                  replica_id: str | None = None) -> None:
         super().__init__(client, interval_s)
         self._scheduler = scheduler  # the current one: a policy reload replaces it (and its plugins' state)

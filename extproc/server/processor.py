@@ -11,9 +11,11 @@ import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc.aio import EOF  # type: ignore[attr-defined]  # missing from grpc-stubs
+from prometheus_client import CollectorRegistry
 
-from extproc.gateway import Admission, Decision, Exchange, Gateway, Queued, Respond, Route, error_response
-from extproc.limits.types import Reservation, Store
+from extproc.flow import Rejected
+from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Route, Wait, error_response
+from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
@@ -29,29 +31,31 @@ _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "serv
 
 
 class StreamProcessor:
-    """Protocol state of one exchange: which phase we are in and the Exchange it belongs to."""
+    """Protocol state of one exchange: its phase, its Exchange, and the body phase while it waits on something."""
 
-    __slots__ = ("exchange", "gateway")
+    __slots__ = ("body", "exchange", "gateway")
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
         self.exchange: Exchange | None = None
+        self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
 
-    def handle(self, message: ext_pb.ProcessingRequest) -> ext_pb.ProcessingResponse | Admission | Queued | None:
-        phase = message.WhichOneof("request")
+    def handle(self, message: ext_pb.ProcessingRequest, phase: str | None) -> ext_pb.ProcessingResponse | Wait | None:
+        """Answer one message (`phase`: its WhichOneof("request"))."""
         if phase == "request_headers":
-            exchange, reply = self.gateway.request_headers(protocol.request_head(message.request_headers))
+            exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers))
             self.exchange = exchange
             if reply is not None:
                 return protocol.immediate_response(reply)
-            if exchange.limited:
+            assert exchange.caller is not None
+            if exchange.caller.limited:
                 return protocol.CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS
             return protocol.CONTINUE_REQUEST_HEADERS
         if phase == "request_body":
             if self.exchange is None:
                 return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
-            decision = self.gateway.request_body(self.exchange, message.request_body.body)
-            return decision if isinstance(decision, (Admission, Queued)) else self.respond(decision)
+            self.body = self.gateway.body(self.exchange, message.request_body.body)
+            return self.resume(None)
         if phase == "response_headers":
             if self.exchange is None:
                 return protocol.CONTINUE_RESPONSE_HEADERS
@@ -59,6 +63,15 @@ class StreamProcessor:
             return protocol.response_headers_response(self.gateway.response_headers(self.exchange, status))
         # Trailers/bodies arrive only if Envoy is configured to send them; answer so Envoy never waits.
         return _continue_for(phase)
+
+    def resume(self, answer: AdmitResult | Rejected | None) -> ext_pb.ProcessingResponse | Wait:
+        """Continue the body phase with the answer to what it waited for: the next wait, or Envoy's reply."""
+        assert self.body is not None
+        try:
+            return self.body.send(answer)
+        except StopIteration as done:
+            self.body = None
+            return self.respond(done.value)
 
     @staticmethod
     def respond(decision: Decision) -> ext_pb.ProcessingResponse:
@@ -83,16 +96,19 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._gateway = gateway
         self._store = store
         self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
-        self._metrics = metrics
+        self._metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
+        self._phase_cpu = {phase: counter.inc for phase, counter in self._metrics.phase_cpu.items()}
+        self._streams = self._metrics.streams.inc
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
     ) -> None:
         if self._token is not None and not authorized(context, self._token):
-            if self._metrics is not None:
-                self._metrics.refused_streams.labels("ext_proc").inc()
+            self._metrics.refused_streams.labels("ext_proc").inc()
             await refuse(context)
             return
+        self._streams()
+        cpu = time.thread_time  # CPU of the loop's thread per phase: our own work, not the awaits in between
         # read()/write() on the context instead of an async generator: one less layer per message.
         stream = StreamProcessor(self._gateway)
         try:
@@ -100,34 +116,43 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                 message = await context.read()
                 if message is EOF:
                     return
+                phase = message.WhichOneof("request")
+                started = cpu()
+                used = 0.0
                 try:
-                    response = stream.handle(message)
-                    exchange = stream.exchange
-                    if isinstance(response, Admission) and exchange is not None:
-                        # One store round trip, bounded by its deadline.
-                        result = await self._store.admit(response.request)
-                        admitted = self._gateway.admitted(exchange, result)
-                        response = admitted if isinstance(admitted, Queued) else stream.respond(admitted)
-                    if isinstance(response, Queued) and exchange is not None:
-                        # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
-                        await context.write(protocol.extend_message_timeout(response.ticket.deadline
-                                                                            - time.monotonic()))
-                        outcome = await response.ticket.wait()
-                        response = stream.respond(self._gateway.dequeued(exchange, outcome))
+                    response = stream.handle(message, phase)
+                    while not isinstance(response, ext_pb.ProcessingResponse | None):
+                        used += cpu() - started
+                        if isinstance(response, AdmitRequest):
+                            # One store round trip, bounded by its deadline.
+                            answer: AdmitResult | Rejected | None = await self._store.admit(response)
+                        else:
+                            # The pool is saturated: hold the reply (Envoy's timer extended to the class's wait).
+                            await context.write(protocol.extend_message_timeout(response.deadline - time.monotonic()))
+                            answer = await response.wait()
+                        started = cpu()
+                        response = stream.resume(answer)
                 except Exception:  # a bug must not take the exchange down with a gRPC error
                     log.exception("ext_proc message handling failed")
-                    if stream.exchange is not None and message.WhichOneof("request") in _DECISION_PHASES:
+                    if stream.exchange is not None and phase in _DECISION_PHASES:
                         self._gateway.failed(stream.exchange)  # its decision never reached Envoy: no charge
                     response = protocol.immediate_response(_INTERNAL_ERROR)
+                if phase in self._phase_cpu:
+                    self._phase_cpu[phase](used + cpu() - started)
                 if isinstance(response, ext_pb.ProcessingResponse):
                     await context.write(response)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
+            started = cpu()
+            if stream.body is not None:
+                stream.body.close()  # the client left while the decision waited: nothing more is decided
+            held, routed = None, False
             if stream.exchange is not None:
                 routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)
-                if held is not None:
-                    await self._give_back(held, routed)
+            self._phase_cpu["stream_end"](cpu() - started)
+            if held is not None:
+                await self._give_back(held, routed)
 
     async def _give_back(self, held: Reservation, routed: bool) -> None:
         """Release the concurrency leases; a request that never reached a model is charged nothing

@@ -76,10 +76,21 @@ def _set_headers(pairs: tuple[tuple[str, str], ...]) -> list[base_pb2.HeaderValu
 METADATA_NAMESPACE = "extproc"
 
 
-def _metadata(fields: Mapping[str, Any]) -> struct_pb2.Struct:
-    metadata = struct_pb2.Struct()
-    metadata.update({METADATA_NAMESPACE: dict(fields)})
-    return metadata
+def _set_metadata(response: ext_pb.ProcessingResponse, fields: Mapping[str, Any]) -> None:
+    """Our namespace's fields (strings and numbers; anything else as its str) set in place: Struct.update's
+    generic conversion costs ~4x as much per field."""
+    namespace = response.dynamic_metadata.fields[METADATA_NAMESPACE].struct_value.fields
+    for key, value in fields.items():
+        if isinstance(value, str):
+            namespace[key].string_value = value
+        elif isinstance(value, bool):
+            namespace[key].bool_value = value
+        elif isinstance(value, int | float):
+            namespace[key].number_value = value
+        elif value is None:
+            namespace[key].null_value = struct_pb2.NULL_VALUE
+        else:
+            namespace[key].string_value = str(value)
 
 
 def route_response(route: Route) -> ext_pb.ProcessingResponse:
@@ -91,7 +102,7 @@ def route_response(route: Route) -> ext_pb.ProcessingResponse:
         common.body_mutation.body = route.body
     response = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=common))
     if route.metadata:
-        response.dynamic_metadata.CopyFrom(_metadata(route.metadata))
+        _set_metadata(response, route.metadata)
     return response
 
 
@@ -112,7 +123,7 @@ def immediate_response(reply: Respond) -> ext_pb.ProcessingResponse:
         )
     )
     if reply.metadata:
-        response.dynamic_metadata.CopyFrom(_metadata(reply.metadata))
+        _set_metadata(response, reply.metadata)
     return response
 
 

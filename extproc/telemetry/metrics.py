@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+PHASES = ("request_headers", "request_body", "response_headers", "stream_end", "access_log")
+PHASE_CPU = "extproc_phase_cpu_seconds_total"
+STREAMS = "extproc_streams_total"
 _DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -70,16 +73,14 @@ class GatewayMetrics:
         self.store_degraded_admits = Gauge(
             "extproc_limits_degraded_admits", "Admissions decided by the local fallback (fail-open) so far",
             registry=registry)
-        self.store_replayed_tokens = Gauge(
-            "extproc_limits_replayed_tokens", "Tokens admitted locally during fail-open and added to the shared "
-            "store's windows once it answered again, so far", registry=registry)
         self.store_admissions = Gauge(
-            "extproc_limits_admissions", "Admissions through the shared store so far, by path: optimistic (taken "
-            "while its last replies left room, not waiting) or awaited (decided by the store)", ["path"],
+            "extproc_limits_admissions", "Admissions through the shared store so far, by path: slice (admitted from "
+            "this replica's slice of the limits, not waiting) or awaited (decided by the store)", ["path"],
             registry=registry)
-        self.store_overshoots = Gauge(
-            "extproc_limits_optimistic_overshoots", "Optimistic admissions the shared store would have refused "
-            "(over a limit by at most that request) so far", registry=registry)
+        self.store_uncovered = Gauge(
+            "extproc_limits_slice_uncovered", "Admissions from a slice the shared store no longer held for this "
+            "replica when their recording arrived (expired: a replica stalled or clocks apart) so far",
+            registry=registry)
         self.fleet_replicas = Gauge(
             "extproc_flow_fleet_replicas", "Service replicas sharing in-flight counts through Redis (this one "
             "included; flow_control.fleet_sync_ms)", registry=registry)
@@ -104,6 +105,15 @@ class GatewayMetrics:
         self.config_loads = Counter(
             "extproc_config_loads", "Policy loads by result", ["result"], registry=registry
         )
+        # CPU time of the event loop's thread in each phase of our own work, and the ext_proc streams served:
+        # per-request CPU by phase = phase / streams (what `extproc bench overhead` reports); the process's
+        # total CPU minus these is the gRPC and event-loop machinery.
+        self.streams = Counter(STREAMS.removesuffix("_total"), "ext_proc streams (HTTP exchanges) served",
+                               registry=registry)
+        phase_cpu = Counter(PHASE_CPU.removesuffix("_total"), "CPU seconds of our own work per phase: "
+                            "request_headers, request_body, response_headers, stream_end (releasing the exchange), "
+                            "access_log (its entry)", ["phase"], registry=registry)
+        self.phase_cpu = {phase: phase_cpu.labels(phase) for phase in PHASES}
         self.refused_streams = Counter(
             "extproc_grpc_unauthenticated", "gRPC streams refused for a missing or wrong token, per service",
             ["service"], registry=registry)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from extproc.endpoints import EndpointRegistry
+from extproc.telemetry.pools import Pools
 
 
 def _bound(value: float) -> str:
@@ -21,18 +21,18 @@ def _bound(value: float) -> str:
 
 
 class PoolTtftCollector(Collector):
-    def __init__(self, endpoints: EndpointRegistry) -> None:
-        self._endpoints = endpoints
+    def __init__(self, pools: Pools) -> None:
+        self._pools = pools
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(
             "extproc_pool_ttft_seconds", "Time to first token per pool, from the vLLM servers' own histograms",
             labels=["pool"],
         )
-        for pool in self._endpoints.pools():
+        for name, members in self._pools():
             buckets: dict[float, float] = {}
             total_sum = 0.0
-            for endpoint in pool.endpoints:
+            for endpoint in members:
                 metrics = endpoint.metrics
                 if metrics is None or not metrics.ttft_buckets:
                     continue
@@ -43,5 +43,5 @@ class PoolTtftCollector(Collector):
                 continue
             if math.inf not in buckets:
                 buckets[math.inf] = max(buckets.values())
-            family.add_metric([pool.name], [(_bound(b), c) for b, c in sorted(buckets.items())], total_sum)
+            family.add_metric([name], [(_bound(b), c) for b, c in sorted(buckets.items())], total_sum)
         yield family

@@ -10,19 +10,22 @@ service replica scrapes the same engines: aggregate these with max() across repl
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from extproc.endpoints import EndpointRegistry
+from extproc.endpoints import Endpoint
 from extproc.endpoints.health import HealthTracker
+
+# The current pools: (name, endpoints), read at each collection.
+Pools = Callable[[], Iterable[tuple[str, Sequence[Endpoint]]]]
 
 
 class PoolCollector(Collector):
-    def __init__(self, endpoints: EndpointRegistry, health: HealthTracker, stale_after_s: Callable[[], float],
+    def __init__(self, pools: Pools, health: HealthTracker, stale_after_s: Callable[[], float],
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._endpoints = endpoints
+        self._pools = pools
         self._health = health
         self._stale_after_s = stale_after_s  # the current policy's scrape staleness bound
         self._clock = clock
@@ -42,13 +45,13 @@ class PoolCollector(Collector):
         }
         now = self._clock()
         stale_after_s = self._stale_after_s()
-        for pool in self._endpoints.pools():
-            fresh = [e.metrics for e in pool.endpoints
+        for name, members in self._pools():
+            fresh = [e.metrics for e in members
                      if e.metrics is not None and now - e.metrics.scraped_at <= stale_after_s]
-            families["endpoints"].add_metric([pool.name], float(len(pool.endpoints)))
-            families["ready"].add_metric([pool.name], float(len(self._health.usable(pool.endpoints, now))))
-            families["waiting"].add_metric([pool.name], sum(m.waiting for m in fresh))
-            families["running"].add_metric([pool.name], sum(m.running for m in fresh))
+            families["endpoints"].add_metric([name], float(len(members)))
+            families["ready"].add_metric([name], float(len(self._health.usable(members, now))))
+            families["waiting"].add_metric([name], sum(m.waiting for m in fresh))
+            families["running"].add_metric([name], sum(m.running for m in fresh))
             if fresh:
-                families["kv"].add_metric([pool.name], sum(m.kv_usage for m in fresh) / len(fresh))
+                families["kv"].add_metric([name], sum(m.kv_usage for m in fresh) / len(fresh))
         yield from families.values()

@@ -22,19 +22,16 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from extproc.config.loader import ConfigError, ConfigProblem, parse_yaml_model
-from extproc.config.schema import TierLimits
+from extproc.limits.config import TierLimits
+from extproc.policy_types import Strict
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class KeyEntry(_Strict):
+class KeyEntry(Strict):
     sha256: str
     label: str = ""
     revoked: bool = False
@@ -48,7 +45,7 @@ class KeyEntry(_Strict):
         return value
 
 
-class TenantEntry(_Strict):
+class TenantEntry(Strict):
     name: str = Field(min_length=1, max_length=128)
     tier: str = "default"
     models: tuple[str, ...] = ()
@@ -57,7 +54,7 @@ class TenantEntry(_Strict):
     keys: tuple[KeyEntry, ...] = ()
 
 
-class KeysFile(_Strict):
+class KeysFile(Strict):
     tenants: tuple[TenantEntry, ...] = ()
 
 

@@ -262,6 +262,15 @@ def _pool_cluster(pool: PoolConfig, envoy: EnvoyConfig, eds: dict[str, Any] | No
     return cluster
 
 
+STREAMS_PER_CONNECTION = 4  # with several service workers (see extproc/server/workers.py)
+
+
+def extproc_http2_options(workers: int) -> dict[str, Any]:
+    """Several workers share the service's port, and one connection reaches one of them: a few streams per
+    connection make Envoy open more of them as load grows, which the kernel spreads over the workers."""
+    return {"max_concurrent_streams": STREAMS_PER_CONNECTION} if workers > 1 else {}
+
+
 def extproc_cluster(policy: Policy) -> dict[str, Any]:
     service = policy.service
     addresses = [parse_endpoint(a) for a in policy.envoy.extproc_endpoints] or [(service.grpc_host, service.grpc_port)]
@@ -272,7 +281,7 @@ def extproc_cluster(policy: Policy) -> dict[str, Any]:
         "connect_timeout": "0.25s",
         "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
             "@type": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http2_protocol_options": {}},
+            "explicit_http_config": {"http2_protocol_options": extproc_http2_options(service.workers)},
         }},
         "load_assignment": {"cluster_name": EXTPROC_CLUSTER, "endpoints": [{"lb_endpoints": [
             {"endpoint": {"address": _address(host, port)}} for host, port in addresses]}]},

@@ -71,8 +71,8 @@ The policy file as the service reads it: .Values.policy plus what a pod needs.
   its listener to 0.0.0.0.
 - a Redis from the chart (redis.enabled / url / existingSecret, as EXTPROC_REDIS_URL) makes limits.store
   default to redis; limits.store redis with no URL anywhere is refused.
-- with Redis, limits.replicas (each replica's share when deciding alone: fail-open, optimistic
-  admission) defaults to replicaCount, or autoscaling.maxReplicas when the HPA owns the count.
+- with Redis, limits.replicas (each replica's share when deciding alone: fail-open) defaults to
+  replicaCount, or autoscaling.maxReplicas when the HPA owns the count.
 - a tenants Secret makes auth.keys_file default to <tenants.mountPath>/<tenants.keysFile>.
 Defaults below are the policy schema's (extproc/config/schema.py); tests/helm checks they agree.
 */}}

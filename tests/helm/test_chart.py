@@ -194,6 +194,18 @@ def test_ports_follow_the_policy(chart: Chart) -> None:
     assert cluster["grpc_service"]["envoy_grpc"]["cluster_name"] == expected
 
 
+def test_workers_spread_the_dedicated_clusters_streams(chart: Chart) -> None:
+    def http2(values: dict[str, Any]) -> dict[str, Any]:
+        values = {"istio": {"extprocCluster": {"mode": "dedicated"}}, **values}
+        patches = find(chart.template(values), "EnvoyFilter")["spec"]["configPatches"]
+        cluster = next(p["patch"]["value"] for p in patches if p["applyTo"] == "CLUSTER")
+        options = cluster["typed_extension_protocol_options"]["envoy.extensions.upstreams.http.v3.HttpProtocolOptions"]
+        return dict(options["explicit_http_config"]["http2_protocol_options"])
+
+    assert http2({}) == {}
+    assert http2({"policy": {"service": {"workers": 2}}}) == {"max_concurrent_streams": 4}
+
+
 def env_of(objects: list[dict[str, Any]]) -> dict[str, Any]:
     extproc = containers(find(objects, "Deployment", FULLNAME))["extproc"]
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in extproc.get("env", [])}
@@ -252,8 +264,7 @@ def test_render_errors_surface(chart: Chart) -> None:
 def test_dashboard_queries_use_the_service_metric_names() -> None:
     from prometheus_client import CollectorRegistry
 
-    from extproc.endpoints import EndpointRegistry
-    from extproc.endpoints.health import HealthConfig, HealthTracker
+    from extproc.endpoints.health import HealthTracker
     from extproc.flow import FlowControlConfig, FlowController, Room
     from extproc.telemetry import GatewayMetrics
     from extproc.telemetry.flow import FlowCollector
@@ -261,8 +272,8 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
 
     registry = CollectorRegistry()
     GatewayMetrics(registry)
-    registry.register(FlowCollector(FlowController(FlowControlConfig(), lambda pool, now, reserve: Room(0.0, 0))))
-    registry.register(PoolCollector(EndpointRegistry(), HealthTracker(HealthConfig()), lambda: 1.0))
+    registry.register(FlowCollector(FlowController(FlowControlConfig, lambda pool, now, reserve: Room(0.0, 0))))
+    registry.register(PoolCollector(list, HealthTracker(), lambda: 1.0))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     # Families with labels have no samples until used: derive the exported names from the family types.
     exported = {family.name + suffix for family in registry.collect() for suffix in suffixes[family.type]}
@@ -273,8 +284,8 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
     assert used <= exported, f"dashboard names metrics the service does not export: {sorted(used - exported)}"
     wanted = {"extproc_requests_total", "extproc_decision_seconds_bucket", "extproc_request_duration_seconds_bucket",
               "extproc_upstream_responses_total", "extproc_in_flight", "extproc_flow_queued",
-              "extproc_flow_rejected_total", "extproc_flow_queue_wait_seconds_bucket", "extproc_limits_replayed_tokens",
-              "extproc_limits_admissions", "extproc_limits_optimistic_overshoots", "extproc_pool_requests_waiting",
+              "extproc_flow_rejected_total", "extproc_flow_queue_wait_seconds_bucket", "extproc_limits_degraded_admits",
+              "extproc_limits_admissions", "extproc_limits_slice_uncovered", "extproc_pool_requests_waiting",
               "extproc_pool_endpoints_ready", "extproc_guard_matches_total"}
     assert wanted <= used
     ids = [p["id"] for p in dashboard["panels"]]

@@ -51,7 +51,7 @@ def fresh(endpoint: Endpoint) -> bool:
 async def test_scraper_follows_a_simulated_fleet(fleet: Fleet, http: aiohttp.ClientSession) -> None:
     busy, victim = fleet.replicas
     registry = EndpointRegistry()
-    registry.sync([("chat", [f"127.0.0.1:{busy.port}", f"127.0.0.1:{victim.port}"])])
+    registry.adopt([("chat", [f"127.0.0.1:{busy.port}", f"127.0.0.1:{victim.port}"])])
     by_port = {int(ep.address.rsplit(":", 1)[1]): ep for ep in registry.endpoints()}
     busy_ep, victim_ep = by_port[busy.port], by_port[victim.port]
 

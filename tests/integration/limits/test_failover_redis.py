@@ -19,6 +19,7 @@ from extproc.limits import (
     TokenBudget,
 )
 from extproc.limits.failover import Policy
+from extproc.limits.slices import Slices
 from tests.integration.limits.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -41,9 +42,9 @@ def reservation(rid: str) -> Reservation:
 
 def failover(server: RedisServer, policy: Policy) -> tuple[FailoverStore, MemoryStore]:
     fallback = MemoryStore()
-    primary = RedisStore(server.url, timeout_ms=500)
+    primary = RedisStore(server.url, timeout_ms=500, admit_timeout_ms=DEADLINE_MS)
     # down at the first late reply (the default waits for three in a row: tests/unit/limits/test_failover.py)
-    return FailoverStore(primary, fallback, policy, deadline_ms=DEADLINE_MS, probe_backoff_s=BACKOFF_S,
+    return FailoverStore(primary, fallback, policy, probe_backoff_s=BACKOFF_S,
                          down_after_timeouts=1, down_after_s=0.0), fallback
 
 
@@ -120,7 +121,13 @@ async def test_a_stalled_redis_is_decided_within_the_deadline(servers: Callable[
         assert again < STALL_S / 3
         await stall
         await asyncio.sleep(BACKOFF_S * 1.5)
-        # Redis ran the abandoned admission when it woke up; the store undid it (lease and tokens)
+        if policy == "fail-open":
+            # Redis ran the late admission when it woke up and, admitted alone too, it stays there until released
+            assert not (await store.admit(request("held", tokens=1))).admitted and store.primary_up
+            stalled = Reservation("stalled", 60, (ONE,), (TPM,), time.time())
+            await store.release(stalled, time.time())
+            await store.settle(stalled, 0, time.time())
+        # fail-closed: Redis ran the abandoned admission when it woke up; the store undid it (lease and tokens)
         awake = await store.admit(request("awake", tokens=100))
         assert awake.admitted and store.primary_up, awake
     finally:
@@ -128,12 +135,14 @@ async def test_a_stalled_redis_is_decided_within_the_deadline(servers: Callable[
         await staller.aclose()
 
 
-async def test_fail_open_is_capped_by_what_redis_had_left_and_replayed_into_it(
+async def test_fail_open_keeps_its_slice_then_is_capped_by_what_redis_had_left(
         servers: Callable[..., RedisServer]) -> None:
     server = servers()
-    store, _ = failover(server, "fail-open")
-    witness = RedisStore(server.url, timeout_ms=2000, prefix="lim:")
-    staller = Redis.from_url(server.url)
+    fallback = MemoryStore()
+    primary = RedisStore(server.url, timeout_ms=500, admit_timeout_ms=DEADLINE_MS, slices=Slices("me", ttl_s=30.0))
+    store = FailoverStore(primary, fallback, "fail-open", probe_backoff_s=BACKOFF_S,
+                          down_after_timeouts=1, down_after_s=0.0, fallback_share=1 / 3)
+    raw, staller = Redis.from_url(server.url), Redis.from_url(server.url)
     budget = TokenBudget("{t}:capped", limit=1000, window_s=60)
     t0 = 1_699_920_000.0  # the window is chosen by the requests' time, so the test never crosses one
 
@@ -141,21 +150,23 @@ async def test_fail_open_is_capped_by_what_redis_had_left_and_replayed_into_it(
         return AdmitRequest(rid, t0 + at, tokens, budgets=(budget,))
 
     try:
-        assert (await store.admit(spend("a", 900, 1))).admitted and store.primary_up  # Redis: 100 left
+        assert (await store.admit(spend("a", 100, 1))).admitted  # one request of demand: no slice
+        assert (await store.admit(spend("b", 100, 1.01))).admitted  # a slice of 200 (800 left)
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "1"))  # type: ignore[no-untyped-call]
         await asyncio.sleep(0.05)
-        assert (await store.admit(spend("b", 60, 2))).admitted and not store.primary_up  # decided locally
-        refused = await store.admit(spend("c", 60, 3))  # the local share (all of 1000) would admit it
-        assert (refused.admitted, refused.refused_by) == (False, "tokens:{t}:capped")
+        assert (await store.admit(spend("c", 60, 2))).admitted and store.primary_up  # from the slice
+        # 140 left in the slice: e asks Redis, asleep; alone, a third of the 600 left beyond the slice
+        assert (await store.admit(spend("e", 150, 2.1))).admitted and not store.primary_up
+        refused = await store.admit(spend("f", 60, 2.2))
+        assert (refused.admitted, refused.refused_by) == (False, "tokens:{t}:capped")  # 200 - 150 < 60
+        assert (await store.admit(spend("g", 50, 2.3))).admitted
         await stall
         await asyncio.sleep(BACKOFF_S * 1.5)
-        assert (await store.admit(spend("d", 1, 4))).admitted and store.primary_up
-        await store.replayed()
-        assert store.replayed_tokens_total == 60
-        # b's abandoned admission in Redis was undone; its local admission was replayed instead
-        probe = await witness.admit(spend("probe", 0, 5))
-        assert probe.states[0].remaining == 1000 - 900 - 60 - 1
+        assert (await store.admit(spend("h", 1, 4))).admitted and store.primary_up
+        # e, late in Redis and admitted alone, was kept there (Redis counted it when it woke up); f and g were
+        # decided while Redis was marked down: g, admitted alone, is not added to Redis
+        assert await raw.get(f"lim:{budget.key}:tw60:{int(t0) // 60}") == b"411"
     finally:
         await store.close()
-        await witness.close()
+        await raw.aclose()
         await staller.aclose()

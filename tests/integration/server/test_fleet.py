@@ -29,7 +29,7 @@ class Clock:
 def replica(server: RedisServer, name: str, clock: Clock, kicks: list[str] | None = None) -> tuple[
         FleetSync, EndpointRegistry]:
     registry = EndpointRegistry()
-    registry.sync([("chat", ADDRESSES)])
+    registry.adopt([("chat", ADDRESSES)])
     client = RespClient(Address.from_url(server.url), timeout_s=1.0, scripts=FleetSync.SCRIPTS)
     sync = FleetSync(client, registry, 0.02, stale_after_s=1.0, replica_id=name, clock=clock,
                      on_sync=(lambda: kicks.append(name)) if kicks is not None else None)

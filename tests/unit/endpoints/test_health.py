@@ -1,13 +1,15 @@
 from __future__ import annotations
 
+from extproc.config.schema import HealthPolicy
 from extproc.endpoints import Endpoint
-from extproc.endpoints.health import HealthConfig, HealthTracker
+from extproc.endpoints.health import HealthTracker
 
 POOL = [Endpoint(f"10.0.0.{i}:8000") for i in range(1, 5)]
 
 
 def tracker(**overrides: float) -> HealthTracker:
-    return HealthTracker(HealthConfig(**overrides))  # type: ignore[arg-type]
+    policy = HealthPolicy.model_validate(overrides)
+    return HealthTracker(lambda: policy)
 
 
 def test_consecutive_failures_eject_and_success_resets_the_count() -> None:

@@ -4,7 +4,7 @@ import math
 
 from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint, EndpointMetrics
-from extproc.endpoints.load import LoadModel, observe
+from extproc.endpoints.load import LoadModel
 
 CONFIG = SaturationConfig(max_kv_utilization=0.9, sustain_ms=1000, capacity_ttl_s=10)
 
@@ -15,8 +15,8 @@ def model(seats: int | None = None, replicas: int = 1) -> LoadModel:
 
 def scrape(ep: Endpoint, at: float, running: float = 0, waiting: float = 0, kv: float = 0.1,
            steps: tuple[tuple[float, float], ...] = ()) -> None:
-    observe(ep, EndpointMetrics(scraped_at=at, running=running, waiting=waiting, kv_usage=kv,
-                                step_tokens_buckets=steps), ep.in_flight, CONFIG)
+    ep.scraped(EndpointMetrics(scraped_at=at, running=running, waiting=waiting, kv_usage=kv,
+                               step_tokens_buckets=steps), ep.in_flight, CONFIG)
 
 
 def queue_for(ep: Endpoint, start: float, seconds: float, running: float, waiting: float = 2,
@@ -82,6 +82,7 @@ def test_learned_capacity_grows_one_request_per_ttl_until_confirmed_again() -> N
     lm = model()
     assert lm.capacity(ep, last) == 8
     assert lm.capacity(ep, last + 25) == 10
+    assert lm.capacity(ep, last + 25, reserve=0.25) == 6  # lower classes never probe: floor(8 x 0.75)
     queue_for(ep, last + 30, 1.2, running=9)
     assert lm.capacity(ep, last + 31.5) == 9
 

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from extproc.config.schema import ScrapeConfig
+from extproc.config.schema import SaturationConfig, ScrapeConfig
 from extproc.endpoints import Endpoint, EndpointMetrics, EndpointRegistry, MetricsScraper
 from extproc.endpoints.scraper import default_session, is_fresh
 
@@ -79,7 +79,7 @@ async def servers() -> AsyncIterator[list[FakeVllm]]:
 
 def registry_of(*addresses: str) -> EndpointRegistry:
     registry = EndpointRegistry()
-    registry.sync([("pool", list(addresses))])
+    registry.adopt([("pool", list(addresses))])
     return registry
 
 
@@ -175,9 +175,9 @@ async def test_picks_up_registry_changes_between_rounds(servers: list[FakeVllm])
     async with MetricsScraper(registry, CONFIG):
         await eventually(lambda: first.hits >= 1)
         assert second.hits == 0
-        registry.sync([("pool", [first.address, second.address])])
+        registry.adopt([("pool", [first.address, second.address])])
         await eventually(lambda: endpoint(registry, second.address).metrics is not None)
-        registry.sync([("pool", [second.address])])
+        registry.adopt([("pool", [second.address])])
         await asyncio.sleep(0.03)  # a scrape of `first` started before the sync may still land
         hits, later = first.hits, second.hits + 3
         await eventually(lambda: second.hits >= later)
@@ -271,7 +271,7 @@ async def test_an_error_in_a_round_is_logged_once_and_scraping_goes_on(
 ) -> None:
     server = servers[0]
     registry = FlakyRegistry(failures=3)
-    registry.sync([("pool", [server.address])])
+    registry.adopt([("pool", [server.address])])
     with caplog.at_level(logging.ERROR, logger="extproc.endpoints.scraper"):
         async with MetricsScraper(registry, CONFIG):
             await eventually(lambda: registry.failures == 0 and server.hits >= 1)
@@ -286,18 +286,23 @@ def test_is_fresh() -> None:
     assert not is_fresh(ep, 10.5, 1.0)
 
 
-async def test_hands_each_scrape_to_the_observer_and_notifies(servers: list[FakeVllm]) -> None:
+async def test_hands_each_scrape_to_its_endpoint_with_the_current_rules_and_notifies(
+        servers: list[FakeVllm]) -> None:
     first, _, _ = servers
     registry = registry_of(first.address)
-    seen: list[tuple[str, float, int]] = []
+    rules: list[SaturationConfig] = []
     notified: list[int] = []
-    scraper = MetricsScraper(registry, CONFIG, clock=lambda: 50.0,
-                             observe=lambda e, m, n: seen.append((e.address, m.waiting, n)))
+
+    def saturation() -> SaturationConfig:
+        rules.append(SaturationConfig(sustain_ms=0))
+        return rules[-1]
+
+    scraper = MetricsScraper(registry, CONFIG, clock=lambda: 50.0, saturation=saturation)
     scraper.on_scrape = lambda: notified.append(1)
     ep = endpoint(registry, first.address)
-    ep.in_flight = 2
+    lease = ep.lease()
     async with scraper:
-        await eventually(lambda: len(seen) >= 2)
-    assert seen[0] == (first.address, 1.0, 2)
-    assert len(notified) >= 2
-    assert ep.metrics is None  # the observer, not the scraper, adopts the metrics
+        await eventually(lambda: len(notified) >= 2)
+    lease.release()
+    assert ep.metrics is not None and ep.metrics.waiting == 1.0 and ep.in_flight_at_scrape == 1
+    assert len(rules) >= 2  # read at every scrape: a reload needs no call here

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint, EndpointMetrics
-from extproc.endpoints.load import LoadModel, observe
+from extproc.endpoints.load import LoadModel
 from extproc.flow import GO, FlowControlConfig, FlowController, Rejected, Room, Ticket
 from extproc.sim.engine import Engine, GenRequest, RequestState, Step
 from extproc.sim.profile import Profile
@@ -92,7 +92,7 @@ class FlowFleet:
         self.saturation = saturation
         # How stale the gateway's view of KV use and engine queues may be.
         self.tolerance_s = self.SCRAPE_S + profile.step_s(profile.max_num_seqs, profile.max_num_batched_tokens)
-        self.flow = FlowController(flow, self._room, self.time.clock, timer=self.time.call_later)
+        self.flow = FlowController(lambda: flow, self._room, self.time.clock, timer=self.time.call_later)
         self.reserves = reserves
         self.outcome = Outcome()
         self._waiting: list[tuple[Ticket, GenRequest]] = []
@@ -167,7 +167,7 @@ class FlowFleet:
         metrics = EndpointMetrics(scraped_at=self.time.now, running=gauges.running, waiting=gauges.waiting,
                                   kv_usage=gauges.kv_usage, preemptions=engine.counters.preemptions,
                                   step_tokens_buckets=tuple((float(b), float(c)) for b, c in steps.cumulative()))
-        observe(node.endpoint, metrics, node.endpoint.in_flight, self.saturation)
+        node.endpoint.scraped(metrics, node.endpoint.in_flight, self.saturation)
         self.flow.kick_all()
         self.time.call_later(self.SCRAPE_S, lambda: self._scrape(node))
 

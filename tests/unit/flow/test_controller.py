@@ -27,7 +27,7 @@ def controller(fleet: Fleet, **overrides: object) -> FlowController:
                "standard": PriorityClass(priority=50, max_wait_s=0.2, reject_status=429, reserve=0.2),
                "sheddable": PriorityClass(priority=0, max_wait_s=0.0)}
     config = FlowControlConfig.model_validate({"classes": classes, **overrides})
-    return FlowController(config, fleet, clock=lambda: fleet.now)
+    return FlowController(lambda: config, fleet, clock=lambda: fleet.now)
 
 
 async def test_room_means_go_and_no_room_sheds_sheddable_at_once() -> None:

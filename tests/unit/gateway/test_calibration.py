@@ -61,3 +61,21 @@ def test_replicas_combine_their_sums_into_one_fit() -> None:
     assert lonely.describe()["chat"]["observations"] == 20
     lonely.adopt([{"chat": [1.0, "x"]}, {"other": [0, 0, 0, 0, 0, 0]}])  # malformed or empty: ignored
     assert lonely.tokens("chat", 100) == 100 and lonely.tokens("other", 5) == 5
+
+
+def test_reservations_use_the_fit_plus_twice_its_recent_relative_error() -> None:
+    calibration = PromptCalibration(min_samples=20)
+    rng = random.Random(5)
+    for _ in range(2000):
+        estimate = rng.randint(20, 400)
+        calibration.observe("chat", estimate, round(2 * estimate * rng.choice((0.9, 1.1))))  # +-10%
+    assert calibration.tokens("chat", 100) == pytest.approx(200, abs=2)
+    assert calibration.describe()["chat"]["error_sd"] == pytest.approx(0.1, abs=0.01)
+    assert calibration.tokens("chat", 100, margin_sd=2.0) == pytest.approx(240, abs=4)
+    exact = PromptCalibration(min_samples=5)
+    for estimate in range(10, 40):
+        exact.observe("chat", estimate, 3 * estimate)
+    assert exact.tokens("chat", 100, margin_sd=2.0) == exact.tokens("chat", 100) == 300  # no error, no margin
+    before = PromptCalibration(min_samples=5)  # the combined fit carries the errors; older replicas send 6 sums
+    before.adopt([calibration.export(), {"chat": calibration.export()["chat"][:6]}])
+    assert before.tokens("chat", 100, margin_sd=2.0) == pytest.approx(240, abs=4)

@@ -9,6 +9,7 @@ from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
 from extproc.gateway.calibration import PromptCalibration
 from extproc.limits import AdmitRequest, FailoverStore, MemoryStore, RedisStore, TokenBudget
+from extproc.limits.cluster import ClusterClient
 from extproc.scheduling import Scheduler
 from extproc.server.stores import (
     REDIS_URL_ENV,
@@ -48,24 +49,22 @@ async def test_redis_behind_a_failover_with_this_replicas_share(monkeypatch: pyt
         await store.close()
 
 
-@pytest.mark.parametrize(("limits", "endpoints", "share"), [
-    ({}, ["127.0.0.1:1001", "127.0.0.1:1002"], 0.25),  # half of a share per ext_proc endpoint
-    ({"replicas": 4}, ["127.0.0.1:1001"], 0.125),  # replicas given (e.g. a Deployment behind one Service)
-    ({"optimistic_admission": False}, [], None),
+@pytest.mark.parametrize(("limits", "ttl_s"), [
+    ({}, 1.0),  # slices by default, for a second
+    ({"slice_ttl_ms": 250}, 0.25),
+    ({"slices": False}, None),  # every admission waits for Redis
 ])
-async def test_optimistic_admission_by_default_with_this_replicas_share(
-        monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], endpoints: list[str], share: float | None) -> None:
+async def test_slices_by_default(monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], ttl_s: float | None
+                                 ) -> None:
     monkeypatch.delenv(REDIS_URL_ENV, raising=False)
-    text = policy({"store": "redis", "redis_url": "redis://127.0.0.1:1/0", "optimistic_max_age_ms": 250, **limits},
-                  endpoints)
-    store, redis = build_store(parse_policy(text, "p.yaml"))
+    store, redis = build_store(parse_policy(policy({"store": "redis", "redis_url": "redis://127.0.0.1:1/0",
+                                                    **limits}), "p.yaml"))
     try:
         assert redis is not None
-        if share is None:
-            assert redis.headroom is None
+        if ttl_s is None:
+            assert redis.slices is None
         else:
-            assert redis.headroom is not None
-            assert (redis.headroom.share, redis.headroom.max_age_s) == (share, 0.25)
+            assert redis.slices is not None and redis.slices.ttl_s == ttl_s
     finally:
         await store.close()
 
@@ -124,3 +123,22 @@ async def test_replicas_share_prefix_placements_through_the_limits_redis(
     else:
         assert sync is not None and sync.interval_s == interval_s
         await sync.stop()
+
+
+async def test_a_redis_cluster_gets_the_cluster_client_everywhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    limits = {"store": "redis", "redis_url": "redis://127.0.0.1:1/0", "redis_cluster": True}
+    parsed = parse_policy(policy(limits), "p.yaml")
+    store, redis = build_store(parsed)
+    fleet = build_fleet_sync(parsed, EndpointRegistry(), lambda: None)
+    sync = build_calibration_sync(parsed, PromptCalibration())
+    try:
+        assert redis is not None and isinstance(redis._client, ClusterClient)
+        assert fleet is not None and isinstance(fleet._client, ClusterClient)
+        assert sync is not None and isinstance(sync._client, ClusterClient)
+    finally:
+        await store.close()
+        if fleet is not None:
+            await fleet.stop()
+        if sync is not None:
+            await sync.stop()

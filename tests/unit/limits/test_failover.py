@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import time
 
 import pytest
 
@@ -16,6 +14,7 @@ from extproc.limits import (
     MemoryStore,
     RateLimit,
     Reservation,
+    StoreTimeout,
     StoreUnavailable,
     TokenBudget,
 )
@@ -27,7 +26,7 @@ TPM = TokenBudget("t:tpm", 100, 60)
 
 
 class ScriptedStore:
-    """A primary that is up, down (raises StoreUnavailable) or hung (never answers)."""
+    """A primary that is up, down (raises StoreUnavailable) or late (its deadline passed: StoreTimeout)."""
 
     def __init__(self) -> None:
         self.mode = "up"
@@ -37,8 +36,8 @@ class ScriptedStore:
         self.calls.append(call)
         if self.mode == "down":
             raise StoreUnavailable("scripted outage")
-        if self.mode == "hung":
-            await asyncio.Event().wait()
+        if self.mode == "late":
+            raise StoreTimeout("scripted late reply")
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         await self._act(f"admit {request.request_id}")
@@ -72,7 +71,7 @@ def held(rid: str, tokens: int = 10) -> Reservation:
 
 def make(policy: str = "fail-open") -> tuple[FailoverStore, ScriptedStore, MemoryStore, Clock]:
     primary, fallback, clock = ScriptedStore(), MemoryStore(), Clock()
-    store = FailoverStore(primary, fallback, policy, deadline_ms=10.0, retry_after_s=2.0,  # type: ignore[arg-type]
+    store = FailoverStore(primary, fallback, policy, retry_after_s=2.0,  # type: ignore[arg-type]
                           probe_backoff_s=1.0, clock=clock)
     return store, primary, fallback, clock
 
@@ -128,13 +127,12 @@ async def test_probe_after_backoff_and_recover(caplog: pytest.LogCaptureFixture)
                                                                        ["limits", "store", "up", "again"]]
 
 
-async def test_a_hung_primary_is_abandoned_at_the_deadline_and_marked_down_when_late_for_long() -> None:
+async def test_a_late_primary_is_marked_down_when_late_for_long() -> None:
     store, primary, _, clock = make("fail-closed")
-    primary.mode = "hung"
+    primary.mode = "late"
     for rid in ("a", "b", "c", "d"):
-        started = time.monotonic()
         result = await store.admit(req(rid))
-        assert result.refused_by == "store_unavailable" and time.monotonic() - started < 1.0
+        assert result.refused_by == "store_unavailable"
         assert store.primary_up == (rid in "abc")  # c is the third, but a..c came within 100 ms
         clock.now += 0.04
     await store.admit(req("e"))
@@ -144,7 +142,7 @@ async def test_a_hung_primary_is_abandoned_at_the_deadline_and_marked_down_when_
 async def test_an_isolated_late_reply_does_not_mark_the_primary_down() -> None:
     store, primary, _, _ = make()
     for rid in ("a", "b", "c", "d"):  # late, late, answers, late: never three in a row
-        primary.mode = "up" if rid == "c" else "hung"
+        primary.mode = "up" if rid == "c" else "late"
         assert (await store.admit(AdmitRequest(rid, T0, 10, budgets=(TPM,)))).admitted
     assert store.primary_up and store.failures_total == 3 and store.degraded_admits_total == 3
     assert primary.calls == ["admit a", "admit b", "admit c", "admit d"]
@@ -160,7 +158,7 @@ async def test_a_refused_connection_marks_the_primary_down_at_once() -> None:
 async def test_cleanup_failures_are_counted_not_raised() -> None:
     store, primary, _, _ = make()
     assert (await store.admit(req("a"))).admitted
-    primary.mode = "hung"
+    primary.mode = "late"
     await store.release(held("a"), T0)
     primary.mode = "down"
     await store.settle(held("a"), 1, T0)

@@ -16,12 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from extproc.bench.loadgen import RequestSpec
-from extproc.config.schema import SaturationConfig, SchedulingConfig
 from extproc.endpoints import Endpoint, EndpointMetrics
-from extproc.endpoints.load import LoadModel, observe
+from extproc.endpoints.config import SaturationConfig
+from extproc.endpoints.load import LoadModel
 from extproc.openai.apis import Api
 from extproc.openai.prompt import prompt_text
 from extproc.scheduling import Scheduler, SchedulingRequest, prefix_blocks
+from extproc.scheduling.config import SchedulingConfig
 from extproc.sim.engine import Engine, GenRequest, RequestState, Step
 from extproc.sim.profile import Profile, load_profile
 from extproc.sim.tokens import Tokenizer, render_chat
@@ -91,7 +92,7 @@ class RoutedFleet:
         metrics = EndpointMetrics(scraped_at=self.time.now, running=gauges.running, waiting=gauges.waiting,
                                   kv_usage=gauges.kv_usage, preemptions=node.engine.counters.preemptions,
                                   step_tokens_buckets=tuple((float(b), float(c)) for b, c in steps.cumulative()))
-        observe(node.endpoint, metrics, node.endpoint.in_flight, SaturationConfig())
+        node.endpoint.scraped(metrics, node.endpoint.in_flight, SaturationConfig())
         self.time.call_later(SCRAPE_S, lambda: self._scrape(node))
 
     def offer(self, spec: RequestSpec) -> None:
@@ -112,14 +113,14 @@ class RoutedFleet:
         generation = GenRequest(f"r{self._sequence}", ids, list(range(body["max_tokens"])))
         offered = self.time.now
         measured = offered >= self.measure_from
-        node.endpoint.in_flight += 1
+        lease = node.endpoint.lease()
         if measured:
             self.result.requests[index] += 1
             self.result.homes.setdefault(spec.labels.get("group", "-"), set()).add(index)
 
         def progress(done: GenRequest) -> None:
             if done.state is RequestState.FINISHED:
-                node.endpoint.in_flight -= 1
+                lease.release()
                 if measured:
                     self.result.ttft_s.append(done.first_token_at - offered)
                     self.result.hit_tokens += done.cached_tokens

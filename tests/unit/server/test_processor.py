@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from extproc.config import parse_policy
 from extproc.endpoints import EndpointRegistry
-from extproc.gateway import Admission, Gateway, SnapshotHolder
+from extproc.gateway import Route, RuntimeHolder, build_gateway
 from extproc.limits.memory import MemoryStore
 from extproc.limits.types import AdmitRequest, ConcurrencyLimit, TokenBudget
 from extproc.server import protocol
@@ -62,10 +62,14 @@ def status_message(code: int) -> ext_pb.ProcessingRequest:
 
 
 def make(policy: str = POLICY) -> tuple[ExternalProcessorService, EndpointRegistry, MemoryStore]:
-    registry = EndpointRegistry()
-    gateway = Gateway(SnapshotHolder(parse_policy(policy)), registry, GatewayMetrics(CollectorRegistry()))
+    runtimes = RuntimeHolder(parse_policy(policy))
+    gateway = build_gateway(runtimes, GatewayMetrics(CollectorRegistry())).gateway
     store = MemoryStore()
-    return ExternalProcessorService(gateway, store), registry, store
+    return ExternalProcessorService(gateway, store), runtimes.registry, store
+
+
+def in_flight(registry: EndpointRegistry) -> int:
+    return sum(e.in_flight for e in registry.endpoints())
 
 
 def set_headers(mutation: ext_pb.HeaderMutation) -> dict[str, str]:
@@ -98,22 +102,26 @@ async def test_full_exchange_routes_rewrites_and_adds_ratelimit_headers() -> Non
     assert metadata["tenant"].string_value == "anonymous" and metadata["reservation"].string_value
     added = set_headers(third.response_headers.response.header_mutation)
     assert added["x-ratelimit-limit-tokens"] == "100000"
-    assert registry.total_in_flight() == 0  # the stream ended: lease released
+    assert in_flight(registry) == 0  # the stream ended: lease released
 
 
 async def test_concurrency_lease_is_held_for_the_stream_and_released_after() -> None:
     service, _, store = make()
     # One stream still open (no EOF yet) holds the only concurrency slot ...
     gateway = service._gateway
-    exchange, _ = gateway.request_headers(request_head(headers_message(HEAD).request_headers))
-    admission = gateway.request_body(exchange, CHAT)
-    assert isinstance(admission, Admission)
-    result = await store.admit(admission.request)
+    exchange, _ = gateway.headers(request_head(headers_message(HEAD).request_headers))
+    phase = gateway.body(exchange, CHAT)
+    admission = next(phase)
+    assert isinstance(admission, AdmitRequest)
+    result = await store.admit(admission)
     assert result.admitted
-    assert gateway.admitted(exchange, result).pool == "chat"  # type: ignore[union-attr]
-    # ... so a second exchange is refused with 429 and OpenAI-style headers.
-    context = await run(service, [headers_message({**HEAD, "x-request-id": "r2"}), body_message(CHAT)])
-    refused = context.written[1].immediate_response
+    with pytest.raises(StopIteration) as done:
+        phase.send(result)
+    assert isinstance(done.value.value, Route) and done.value.value.pool == "chat"
+    # ... so a second exchange is refused with 429 and OpenAI-style headers, at its headers (this process holds
+    # the tenant's only lease: no body is parsed).
+    context = await run(service, [headers_message({**HEAD, "x-request-id": "r2"})])
+    refused = context.written[0].immediate_response
     assert refused.status.code == 429
     assert json.loads(refused.body)["error"]["code"] == "rate_limit_exceeded"
     assert "retry-after" in set_headers(refused.headers)
@@ -133,7 +141,7 @@ async def test_error_becomes_immediate_response_with_openai_body() -> None:
     assert immediate.status.code == 404
     assert json.loads(immediate.body)["error"]["code"] == "model_not_found"
     assert set_headers(immediate.headers)["content-type"] == "application/json"
-    assert registry.total_in_flight() == 0
+    assert in_flight(registry) == 0
 
 
 async def test_body_without_headers_and_unrequested_phases_are_answered() -> None:
@@ -162,7 +170,7 @@ class TokenContext(FakeContext):
 
 async def test_streams_without_the_grpc_token_are_refused_before_any_message() -> None:
     metrics = GatewayMetrics(CollectorRegistry())
-    gateway = Gateway(SnapshotHolder(parse_policy(POLICY)), EndpointRegistry(), metrics)
+    gateway = build_gateway(RuntimeHolder(parse_policy(POLICY)), metrics).gateway
     service = ExternalProcessorService(gateway, MemoryStore(), token="t0k3n", metrics=metrics)
     for metadata in ((), (("x-extproc-token", "wrong"),)):
         context = TokenContext([headers_message(HEAD), body_message(CHAT)], metadata)
@@ -185,7 +193,7 @@ async def test_an_internal_error_answers_500_and_gives_everything_back(monkeypat
     monkeypatch.setattr(protocol, "route_response", broken)
     context = await run(service, [headers_message(HEAD), body_message(CHAT)])
     assert context.written[1].immediate_response.status.code == 500
-    assert registry.total_in_flight() == 0
+    assert in_flight(registry) == 0
     # Nothing is held: the one concurrency slot is free and the budget was settled to 0.
     probe = await store.admit(AdmitRequest("probe", time.time(), 0,
                                            concurrency=(ConcurrencyLimit("{anonymous}:all:cc", 1),),

@@ -2,25 +2,27 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from extproc.endpoints import EndpointMetrics, EndpointRegistry
-from extproc.endpoints.health import HealthConfig, HealthTracker
+from extproc.config.schema import HealthPolicy, SaturationConfig
+from extproc.endpoints import Endpoint, EndpointMetrics
+from extproc.endpoints.health import HealthTracker
 from extproc.telemetry.pools import PoolCollector
 
 
 def test_pool_gauges_count_ready_endpoints_and_fresh_engine_load() -> None:
-    endpoints = EndpointRegistry()
-    endpoints.sync([("chat", ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1", "10.0.0.4:1"]), ("idle", ["10.0.1.1:1"])])
-    pool = endpoints.pool("chat")
-    assert pool is not None
-    a, b, c, d = pool.endpoints
-    a.metrics = EndpointMetrics(9.5, running=8, waiting=3, kv_usage=0.5)
-    b.metrics = EndpointMetrics(9.8, running=6, waiting=1, kv_usage=0.7)
-    c.metrics = EndpointMetrics(5.0, running=50, waiting=40, kv_usage=1.0)  # 5 s old: stale, not counted
-    d.scrape_failures = 3  # unreachable
-    health = HealthTracker(HealthConfig(consecutive_failures=1, max_ejected_percent=100))
-    assert health.record(b.address, False, 9.0, pool.endpoints)  # b's breaker opens
+    chat = [Endpoint(f"10.0.0.{i}:1") for i in range(1, 5)]
+    pools = [("chat", chat), ("idle", [Endpoint("10.0.1.1:1")])]
+    a, b, c, d = chat
+    rules = SaturationConfig()
+    a.scraped(EndpointMetrics(9.5, running=8, waiting=3, kv_usage=0.5), 0, rules)
+    b.scraped(EndpointMetrics(9.8, running=6, waiting=1, kv_usage=0.7), 0, rules)
+    c.scraped(EndpointMetrics(5.0, running=50, waiting=40, kv_usage=1.0), 0, rules)  # 5 s old: stale, not counted
+    for _ in range(3):
+        d.scrape_failed()  # unreachable
+    policy = HealthPolicy(consecutive_failures=1, max_ejected_percent=100)
+    health = HealthTracker(lambda: policy)
+    assert health.record(b.address, False, 9.0, chat)  # b's breaker opens
     registry = CollectorRegistry()
-    registry.register(PoolCollector(endpoints, health, lambda: 1.0, clock=lambda: 10.0))
+    registry.register(PoolCollector(lambda: pools, health, lambda: 1.0, clock=lambda: 10.0))
 
     def value(name: str, pool_name: str = "chat") -> float | None:
         return registry.get_sample_value(name, {"pool": pool_name})

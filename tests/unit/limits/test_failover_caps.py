@@ -1,9 +1,8 @@
-"""Fail-open decisions capped by what the primary last reported, and fallback tokens replayed into the
-primary once it is back. A MemoryStore plays the primary (it reports real states and takes charges)."""
+"""Fail-open decisions capped by the replica's share of what the primary last said was left beyond every
+slice. A MemoryStore plays the primary (it reports real states), with a real `Slices` table fed by its
+replies; the fallback's tokens are not added to the primary afterwards."""
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import pytest
 
@@ -13,23 +12,27 @@ from extproc.limits import (
     FailoverStore,
     MemoryStore,
     Reservation,
+    StoreTimeout,
     StoreUnavailable,
     TokenBudget,
 )
-from extproc.limits.failover import Reports
-from extproc.limits.types import WindowCharge
+from extproc.limits.failover import SlicedStore
+from extproc.limits.slices import Slices
 
 T0 = 1_699_920_000.0  # a minute boundary
 TPM = TokenBudget("t:tpm", 900, 60)
 
 
 class FlakyPrimary:
-    """A MemoryStore that can be switched down (every call raises StoreUnavailable)."""
+    """A MemoryStore that can be switched down (every call raises StoreUnavailable), with the slices table
+    a RedisStore keeps (it never grants a slice here: only the fail-open caps are at stake)."""
 
     def __init__(self) -> None:
         self.inner = MemoryStore()
+        self.slices: Slices | None = Slices("me")
         self.down = False
-        self.charges: list[list[WindowCharge]] = []
+        self.late = False  # admissions run (here: at once), but their replies come too late
+        self.kept: list[str] = []
 
     def _check(self) -> None:
         if self.down:
@@ -37,7 +40,24 @@ class FlakyPrimary:
 
     async def admit(self, request: AdmitRequest) -> AdmitResult:
         self._check()
-        return await self.inner.admit(request)
+        self.slices.take(request)
+        wants = self.slices.wants(request)
+        result = await self.inner.admit(request)
+        if self.late:
+            self.slices.failed(request, wants)
+            if result.admitted:  # a RedisStore would undo it unless the failover keeps it
+                self.inner.release_now(Reservation.of(request), request.now)
+                self.inner.settle_now(Reservation.of(request), 0, request.now)
+            raise StoreTimeout("scripted late reply")
+        self.slices.decided(request, wants, result.states, [0] * len(wants))
+        return result
+
+    async def admit_local(self, request: AdmitRequest) -> AdmitResult | None:
+        return self.slices.take(request)
+
+    def keep(self, request: AdmitRequest) -> None:
+        self.kept.append(request.request_id)
+        self.inner.admit_now(request)  # as if the undo had not happened
 
     async def release(self, reservation: Reservation, now: float) -> None:
         self._check()
@@ -46,11 +66,6 @@ class FlakyPrimary:
     async def settle(self, reservation: Reservation, actual_tokens: int, now: float) -> None:
         self._check()
         await self.inner.settle(reservation, actual_tokens, now)
-
-    async def charge(self, charges: Sequence[WindowCharge], now: float) -> None:
-        self._check()
-        self.charges.append(list(charges))
-        await self.inner.charge(charges, now)
 
     async def close(self) -> None:
         return None
@@ -84,6 +99,7 @@ async def tokens_in_primary(primary: FlakyPrimary, at: float) -> float:
 
 async def test_fallback_is_capped_by_its_share_of_what_the_primary_last_reported() -> None:
     store, primary, _ = make()
+    assert isinstance(primary, SlicedStore)
     assert (await store.admit(req("a", T0 + 1, 800))).admitted  # the primary has 100 left
     primary.down = True
     # The share alone (300) would admit 200; this replica may take a third of the 100 reported left, so
@@ -104,7 +120,6 @@ async def test_a_refusing_primary_leaves_nothing_to_the_fallback() -> None:
     assert not (await store.admit(req("b", T0 + 2, 10))).admitted  # refused by the primary: 0 left
     primary.down = True
     assert not (await store.admit(req("c", T0 + 3, 10))).admitted
-    assert store.owed_tokens == 0
 
 
 async def test_the_cap_applies_only_in_the_window_it_was_reported_in() -> None:
@@ -125,78 +140,11 @@ async def test_a_new_report_resets_what_was_admitted_locally_since() -> None:
     assert not (await store.admit(req("b0", T0 + 2, 140))).admitted  # over a third of the 400
     assert (await store.admit(req("b", T0 + 2, 130))).admitted  # cap 133.3 -> 3.3 left locally
     primary.down = False
-    assert (await store.admit(req("c", T0 + 3, 10))).admitted  # reported 900 - 500 - 10 = 390 left (b not yet
-    await store.replayed()  # replayed when c was admitted)
-    assert await tokens_in_primary(primary, T0 + 3) == 640  # b was replayed into the primary
+    assert (await store.admit(req("c", T0 + 3, 10))).admitted  # reported 900 - 500 - 10 = 390 left
+    assert await tokens_in_primary(primary, T0 + 3) == 510  # b is not added to the primary
     primary.down = True
     assert not (await store.admit(req("d", T0 + 4, 131))).admitted  # a third of the new report: 130
     assert (await store.admit(req("e", T0 + 4, 80))).admitted  # and the local share: 300 - 130 = 170 left
-
-
-async def test_fallback_tokens_are_replayed_once_the_primary_is_back() -> None:
-    store, primary, _ = make(share=1.0)
-    primary.down = True
-    assert (await store.admit(req("a", T0 + 1, 100))).admitted
-    assert (await store.admit(req("b", T0 + 2, 50))).admitted
-    await store.settle(Reservation.of(req("a", T0 + 1, 100)), 70, T0 + 5)  # a used 30 fewer than reserved
-    assert store.owed_tokens == 120
-    primary.down = False
-    assert (await store.admit(req("c", T0 + 10, 1))).admitted
-    await store.replayed()
-    assert primary.charges == [[WindowCharge("t:tpm", 60, int(T0) // 60, 120)]]
-    assert (store.owed_tokens, store.replayed_tokens_total) == (0, 120)
-    assert await tokens_in_primary(primary, T0 + 10) == 121
-    # b settles after the replay: the correction is owed, and replayed after the next primary success
-    await store.settle(Reservation.of(req("b", T0 + 2, 50)), 20, T0 + 11)
-    assert store.owed_tokens == -30
-    assert (await store.admit(req("d", T0 + 12, 1))).admitted
-    await store.replayed()
-    assert await tokens_in_primary(primary, T0 + 12) == 92
-
-
-async def test_a_failed_replay_is_kept_for_the_next_success() -> None:
-    store, primary, _ = make(share=1.0)
-    primary.down = True
-    assert (await store.admit(req("a", T0 + 1, 100))).admitted
-    failing = primary.charge
-
-    async def refuse(charges: Sequence[WindowCharge], now: float) -> None:
-        raise StoreUnavailable("charge failed")
-
-    primary.down = False
-    primary.charge = refuse  # type: ignore[method-assign]
-    assert (await store.admit(req("b", T0 + 2, 1))).admitted
-    await store.replayed()
-    assert store.owed_tokens == 100 and store.failures_total == 2
-    primary.charge = failing  # type: ignore[method-assign]
-    assert (await store.admit(req("c", T0 + 3, 1))).admitted
-    await store.replayed()
-    assert store.owed_tokens == 0 and await tokens_in_primary(primary, T0 + 3) == 102
-
-
-async def test_owed_tokens_of_windows_that_no_longer_count_are_dropped() -> None:
-    store, primary, _ = make(share=1.0)
-    primary.down = True
-    assert (await store.admit(req("a", T0 + 1, 100))).admitted
-    primary.down = False
-    assert (await store.admit(req("b", T0 + 125, 1))).admitted  # two windows later
-    await store.replayed()
-    assert primary.charges == [] and store.owed_tokens == 0
-
-
-def test_reports_ignore_results_without_budget_states_and_forget_old_windows() -> None:
-    reports = Reports()
-    request = req("a", T0 + 1, 10)
-    reports.remember(request, AdmitResult(admitted=True))  # e.g. a primary that reports nothing
-    assert len(reports) == 0 and reports.caps(request) == ()
-    result = MemoryStore().admit_now(request)
-    reports.remember(request, result)
-    assert reports.caps(req("b", T0 + 2, 10)) == (890.0,)
-    assert reports.caps(req("b", T0 + 2, 10), share=0.5) == (445.0,)
-    reports.sweep(T0 + 59)
-    assert len(reports) == 1
-    reports.sweep(T0 + 60)
-    assert len(reports) == 0
 
 
 async def test_record_failure_marks_the_primary_down() -> None:
@@ -205,12 +153,15 @@ async def test_record_failure_marks_the_primary_down() -> None:
     assert not store.primary_up and store.failures_total == 1
 
 
-async def test_owed_tokens_are_forgotten_when_their_window_no_longer_counts_even_while_down() -> None:
-    clock = Clock()
-    store, primary, _ = make(share=1.0, clock=clock)
-    primary.down = True
-    assert (await store.admit(req("a", T0 + 1, 100))).admitted
-    assert store.owed_tokens == 100
-    clock.now += 125.0  # the sweep runs every 10 s
-    assert (await store.admit(req("b", T0 + 125, 1))).admitted  # two windows later: the sweep drops a's
-    assert store.owed_tokens == 1
+async def test_a_late_admission_the_fallback_admits_is_kept_by_the_primary_and_released_in_both() -> None:
+    store, primary, fallback = make()
+    assert (await store.admit(req("a", T0 + 1, 600))).admitted  # 300 left
+    primary.late = True
+    assert (await store.admit(req("b", T0 + 2, 90))).admitted  # a third of 300 alone: kept in the primary
+    assert not (await store.admit(req("c", T0 + 3, 20))).admitted  # over the cap: not kept (undone)
+    assert primary.kept == ["b"] and store.primary_up  # two late replies within 100 ms: not down yet
+    assert await tokens_in_primary(primary, T0 + 3) == 690
+    primary.late = False
+    await store.settle(Reservation.of(req("b", T0 + 2, 90)), 30, T0 + 4)
+    assert await tokens_in_primary(primary, T0 + 4) == 630  # settled in the primary as well
+    assert fallback.sizes()["pending"] == 0

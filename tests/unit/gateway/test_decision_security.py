@@ -1,4 +1,4 @@
-"""The decision pipeline against hostile clients: own request ids, reservations as large as what the engine
+"""The decision path against hostile clients: own request ids, reservations as large as what the engine
 may generate, cheap refusals before parsing, /v1/models per tenant, internal errors charge nothing."""
 
 from __future__ import annotations
@@ -8,16 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry
 
-from extproc.config import parse_policy
-from extproc.endpoints import EndpointRegistry
-from extproc.gateway import Admission, Gateway, RequestHead, Respond, Route, SnapshotHolder, pipeline
+from extproc.gateway import RequestHead, Respond, Route, resolve
 from extproc.gateway.auth import Authenticator
-from extproc.limits.types import AdmitResult
+from extproc.limits.types import AdmitRequest, AdmitResult
 from extproc.openai import parse_document
-from extproc.telemetry import GatewayMetrics
 from extproc.tenants import KeyRing, hash_key
+from tests.unit.gateway.harness import Harness
 
 POLICY = """\
 pools:
@@ -38,14 +35,13 @@ class Clocks:
         self.now, self.cpu = 0.0, 0.0
 
 
-def make(tmp_path: Path, extra: str = "") -> tuple[Gateway, Clocks]:
+def make(tmp_path: Path, extra: str = "") -> tuple[Harness, Clocks]:
     keys = tmp_path / "keys.json"
     keys.write_text(json.dumps(TENANTS))
-    policy = parse_policy(POLICY + f"auth: {{mode: api-key, keys_file: {keys}}}\n" + extra)
     clocks = Clocks()
-    gateway = Gateway(SnapshotHolder(policy), EndpointRegistry(), GatewayMetrics(CollectorRegistry()),
-                      clock=lambda: clocks.now, authenticator=Authenticator(KeyRing.from_file(keys, {"default"})),
-                      replica_id="r0", cpu_clock=lambda: clocks.cpu)
+    gateway = Harness(POLICY + f"auth: {{mode: api-key, keys_file: {keys}}}\n" + extra, clock=lambda: clocks.now,
+                      authenticator=Authenticator(KeyRing.from_file(keys, {"default"})), replica_id="r0",
+                      cpu_clock=lambda: clocks.cpu)
     return gateway, clocks
 
 
@@ -66,63 +62,63 @@ def test_request_ids_are_ours_never_the_clients(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path)
     ids = set()
     for _ in range(3):
-        exchange, _ = gateway.request_headers(head("k-tpm", **{"x-request-id": "same"}))
-        admission = gateway.request_body(exchange, chat(max_tokens=5))
-        assert isinstance(admission, Admission)
-        ids.add(admission.request.request_id)
-        route = gateway.admitted(exchange, AdmitResult(True))
+        exchange, _ = gateway.headers(head("k-tpm", **{"x-request-id": "same"}))
+        admission = gateway.body(exchange, chat(max_tokens=5))
+        assert isinstance(admission, AdmitRequest)
+        ids.add(admission.request_id)
+        route = gateway.send(exchange, AdmitResult(True))
         assert isinstance(route, Route) and route.metadata is not None
-        assert route.metadata["request_id"] == admission.request.request_id != "same"
-        assert json.loads(route.metadata["reservation"])[0] == admission.request.request_id
-    assert len(ids) == 3 and all(gateway.request_ids.mine(i) for i in ids)
+        assert route.metadata["request_id"] == admission.request_id != "same"
+        assert json.loads(route.metadata["reservation"])[0] == admission.request_id
+    assert len(ids) == 3 and all(gateway.gateway.request_ids.mine(i) for i in ids)
 
 
 def test_reservation_covers_every_sequence_and_unbounded_output_is_bounded(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path, "limits: {default_output_tokens: 100}\n")
-    exchange, _ = gateway.request_headers(head("k-tpm"))
-    admission = gateway.request_body(exchange, chat(max_tokens=50, n=4))
-    assert isinstance(admission, Admission) and 200 < admission.request.tokens < 210
+    exchange, _ = gateway.headers(head("k-tpm"))
+    admission = gateway.body(exchange, chat(max_tokens=50, n=4))
+    assert isinstance(admission, AdmitRequest) and 200 < admission.tokens < 210
     gateway.finish(exchange)
-    exchange, _ = gateway.request_headers(head("k-tpm"))
-    admission = gateway.request_body(exchange, chat())  # no bound: the engine could run to its context
-    assert isinstance(admission, Admission) and 100 < admission.request.tokens < 110
-    route = gateway.admitted(exchange, AdmitResult(True))
+    exchange, _ = gateway.headers(head("k-tpm"))
+    admission = gateway.body(exchange, chat())  # no bound: the engine could run to its context
+    assert isinstance(admission, AdmitRequest) and 100 < admission.tokens < 110
+    route = gateway.send(exchange, AdmitResult(True))
     assert isinstance(route, Route) and route.body is not None
     assert json.loads(route.body)["max_tokens"] == 100  # so the bound is written into the body
 
 
 def test_unlimited_tenants_keep_unbounded_requests_as_sent(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path)
-    exchange, _ = gateway.request_headers(head("k-free"))
-    route = gateway.request_body(exchange, chat(model="org/chat"))
+    exchange, _ = gateway.headers(head("k-free"))
+    route = gateway.body(exchange, chat(model="org/chat"))
     assert isinstance(route, Route) and route.body is None
 
 
 def test_concurrency_held_here_refuses_at_the_headers(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path)
-    holder, _ = gateway.request_headers(head("k-cc"))
-    admission = gateway.request_body(holder, chat(max_tokens=5))
-    assert isinstance(admission, Admission)
-    assert isinstance(gateway.admitted(holder, AdmitResult(True)), Route)
-    _, early = gateway.request_headers(head("k-cc"))
+    holder, _ = gateway.headers(head("k-cc"))
+    admission = gateway.body(holder, chat(max_tokens=5))
+    assert isinstance(admission, AdmitRequest)
+    assert isinstance(gateway.send(holder, AdmitResult(True)), Route)
+    _, early = gateway.headers(head("k-cc"))
     assert status(early) == (429, "rate_limit_exceeded")  # before any body is parsed
     gateway.finish(holder)
-    _, early = gateway.request_headers(head("k-cc"))
+    _, early = gateway.headers(head("k-cc"))
     assert early is None
 
 
 def test_a_refused_request_rate_refuses_at_the_headers_until_the_retry_time(tmp_path: Path) -> None:
     gateway, clocks = make(tmp_path)
-    exchange, _ = gateway.request_headers(head("k-rate"))
-    admission = gateway.request_body(exchange, chat(max_tokens=5))
-    assert isinstance(admission, Admission)
-    rate_key = admission.request.rates[0].key
-    refusal = gateway.admitted(exchange, AdmitResult(False, refused_by=f"requests:{rate_key}", retry_after_s=2.0))
+    exchange, _ = gateway.headers(head("k-rate"))
+    admission = gateway.body(exchange, chat(max_tokens=5))
+    assert isinstance(admission, AdmitRequest)
+    rate_key = admission.rates[0].key
+    refusal = gateway.send(exchange, AdmitResult(False, refused_by=f"requests:{rate_key}", retry_after_s=2.0))
     assert status(refusal) == (429, "rate_limit_exceeded")
-    _, early = gateway.request_headers(head("k-rate"))
+    _, early = gateway.headers(head("k-rate"))
     assert status(early) == (429, "rate_limit_exceeded")
     clocks.now = 2.5
-    _, early = gateway.request_headers(head("k-rate"))
+    _, early = gateway.headers(head("k-rate"))
     assert early is None
 
 
@@ -134,60 +130,61 @@ def test_parse_budget_refuses_a_tenant_that_spent_it(tmp_path: Path, monkeypatch
         clocks.cpu += 0.15  # every decision of this test costs 150 ms of CPU
         return parse_document(*args, **kwargs)
 
-    monkeypatch.setattr(pipeline, "parse_document", expensive)
+    monkeypatch.setattr(resolve, "parse_document", expensive)
     for _ in range(2):
-        exchange, early = gateway.request_headers(head("k-chat-only"))
+        exchange, early = gateway.headers(head("k-chat-only"))
         assert early is None
-        assert isinstance(gateway.request_body(exchange, chat()), Route)
+        assert isinstance(gateway.body(exchange, chat()), Route)
         gateway.finish(exchange)
-    _, early = gateway.request_headers(head("k-chat-only"))
+    _, early = gateway.headers(head("k-chat-only"))
     assert status(early) == (429, "processing_budget_exceeded")
     assert early is not None and ("retry-after", "1") in early.headers
-    exchange, _ = gateway.request_headers(head("k-tpm"))  # another tenant is not affected
-    assert isinstance(gateway.request_body(exchange, chat(max_tokens=5)), Admission)
+    exchange, _ = gateway.headers(head("k-tpm"))  # another tenant is not affected
+    assert isinstance(gateway.body(exchange, chat(max_tokens=5)), AdmitRequest)
     clocks.now = 10.0
-    _, early = gateway.request_headers(head("k-chat-only"))
+    _, early = gateway.headers(head("k-chat-only"))
     assert early is None
 
 
 def test_decision_cpu_budget_is_checked_between_stages(tmp_path: Path) -> None:
     gateway, clocks = make(tmp_path, "bounds: {decision_cpu_ms: 50}\n")
-    original = gateway._within_cpu_budget
+    stage = gateway.gateway.stages.resolve
+    original = stage._within_budget
 
-    def slow_stage(exchange: Any) -> None:
+    def slow_stage(caller: Any, cpu_started: float) -> None:
         clocks.cpu += 0.06
-        original(exchange)
+        original(caller, cpu_started)
 
-    gateway._within_cpu_budget = slow_stage  # type: ignore[method-assign]
-    exchange, _ = gateway.request_headers(head("k-chat-only"))
-    assert status(gateway.request_body(exchange, chat())) == (413, "request_too_complex")
+    stage._within_budget = slow_stage  # type: ignore[method-assign]
+    exchange, _ = gateway.headers(head("k-chat-only"))
+    assert status(gateway.body(exchange, chat())) == (413, "request_too_complex")
 
 
 def test_a_model_the_tenant_may_not_use_is_refused_before_the_body_is_walked(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path, "bounds: {max_messages: 2}\n")
-    exchange, _ = gateway.request_headers(head("k-chat-only"))
+    exchange, _ = gateway.headers(head("k-chat-only"))
     body = json.dumps({"model": "org/other", "messages": [{"role": "user", "content": "x"}] * 3}).encode()
-    assert status(gateway.request_body(exchange, body)) == (404, "model_not_found")  # not 400 (too many)
+    assert status(gateway.body(exchange, body)) == (404, "model_not_found")  # not 400 (too many)
 
 
 def test_models_listing_is_authenticated_and_filtered(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path)
-    _, anonymous = gateway.request_headers(RequestHead("GET", "/v1/models", {}))
+    _, anonymous = gateway.headers(RequestHead("GET", "/v1/models", {}))
     assert status(anonymous) == (401, "invalid_api_key")
-    _, listed = gateway.request_headers(head("k-chat-only", "/v1/models", "GET"))
+    _, listed = gateway.headers(head("k-chat-only", "/v1/models", "GET"))
     assert isinstance(listed, Respond) and listed.status == 200
     assert [m["id"] for m in json.loads(listed.body)["data"]] == ["chat"]
-    _, everything = gateway.request_headers(head("k-tpm", "/v1/models", "GET"))
+    _, everything = gateway.headers(head("k-tpm", "/v1/models", "GET"))
     assert isinstance(everything, Respond)
     assert {m["id"] for m in json.loads(everything.body)["data"]} == {"org/chat", "chat", "org/other"}
 
 
 def test_an_internal_error_after_routing_charges_nothing(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path)
-    exchange, _ = gateway.request_headers(head("k-tpm"))
-    assert isinstance(gateway.request_body(exchange, chat(max_tokens=5)), Admission)
-    assert isinstance(gateway.admitted(exchange, AdmitResult(True)), Route)
-    gateway.failed(exchange)
+    exchange, _ = gateway.headers(head("k-tpm"))
+    assert isinstance(gateway.body(exchange, chat(max_tokens=5)), AdmitRequest)
+    assert isinstance(gateway.send(exchange, AdmitResult(True)), Route)
+    gateway.gateway.failed(exchange)
     assert exchange.outcome == "internal_error"
     held = gateway.finish(exchange)
     assert held is not None and held.budgets  # the server settles it at 0 (outcome is not "routed")

@@ -1,0 +1,113 @@
+"""Stage 5, scheduling: which endpoints of the pool serve the request, and what Envoy must be told.
+
+Candidates are the pool's usable endpoints (circuit breakers, scrape health), narrowed to those with room for
+the request's priority class; a pool without a usable endpoint hands over to its backup pool. The pool's
+scheduling profile picks the primary and its fallbacks. The route sets the pool (cluster) header and the
+destination endpoints, and rewrites the body when the engine must see something else (an alias's served name,
+`stream_options.include_usage` for usage accounting, a masked or capped request).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from extproc.endpoints import Endpoint
+from extproc.endpoints.health import HealthTracker
+from extproc.gateway.records import Admitted, Caller, Resolved, Routed, route_metadata
+from extproc.gateway.runtime import Pool
+from extproc.gateway.types import Route
+from extproc.openai import errors as oai
+from extproc.openai import rewrite_body
+from extproc.scheduling import Explanation, SchedulingRequest, prefix_blocks
+from extproc.telemetry import GatewayMetrics
+
+__all__ = ["Schedule"]
+
+TIMED_EVERY = 16  # one decision in this many times its plugins (extproc_scheduler_plugin_seconds): a sample
+
+
+class Schedule:
+    def __init__(self, health: HealthTracker, metrics: GatewayMetrics, clock: Callable[[], float]) -> None:
+        self.health = health
+        self._metrics = metrics
+        self._clock = clock
+        self._sequence = 0  # per-process request counter: pickers break ties with it
+        self._timers: dict[str, Callable[[float], None]] = {}
+
+    def _time(self, plugin: str, seconds: float) -> None:
+        observe = self._timers.get(plugin)
+        if observe is None:
+            observe = self._timers[plugin] = self._metrics.plugin_seconds.labels(plugin).observe
+        observe(seconds)
+
+    def usable(self, pool: Pool, now: float) -> list[Endpoint]:
+        return self.health.usable(pool.endpoints, now)
+
+    def request(self, caller: Caller, resolved: Resolved, pool: Pool, sequence: int = 0) -> SchedulingRequest:
+        """What the pool's scheduling profile is told about the request."""
+        request = resolved.request
+        config = pool.config
+        profile = caller.runtime.scheduler.profile(config.profile)
+        return SchedulingRequest(
+            model=request.model,
+            prompt_tokens=resolved.prompt_tokens,
+            max_output_tokens=request.output_tokens,
+            prefix_blocks=prefix_blocks(request.prompt_text) if profile.needs_prefix else (),
+            lora=request.model if request.model in config.lora_adapters else None,
+            session=caller.head.headers.get("x-session-id") or request.user,
+            now=self._clock(),
+            load=pool.load,
+            sequence=sequence,
+        )
+
+    def __call__(self, caller: Caller, resolved: Resolved, admitted: Admitted | None,
+                 explain: Explanation | None = None) -> Routed:
+        """Pick and commit (leases, breaker probes, what plugins learn); raises 503 `no_capacity`. With `explain`
+        the decision is only described: no lease, no learning, no counters."""
+        runtime = caller.runtime
+        now = self._clock()
+        pool = runtime.pools[resolved.pool.name]
+        candidates = self.usable(pool, now)
+        if caller.klass and len(candidates) > 1:
+            reserve = runtime.policy.flow_control.classes[caller.klass].reserve
+            load = pool.load
+            with_room = [e for e in candidates if (room := load.room(e, now, reserve)) is None or room > 0]
+            candidates = with_room or candidates
+        backup = pool.config.backup_pool
+        if not candidates and backup is not None:  # no healthy endpoint: the backup pool serves
+            standby = runtime.pools[backup]
+            if found := self.usable(standby, now):
+                pool, candidates = standby, found
+        config = pool.config
+        sequence = self._sequence + 1
+        scheduling = self.request(caller, resolved, pool, sequence)
+        timer = self._time if sequence % TIMED_EVERY == 0 else None
+        picked = runtime.scheduler.schedule(config.profile, scheduling, candidates, 1 + config.fallbacks, timer,
+                                            explain) if candidates else []
+        if not picked:
+            raise oai.no_capacity(config.name)
+        request = resolved.request
+        rewrite = request.model != config.model and request.model not in config.lora_adapters
+        # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to settle a
+        # reservation, and for the audit log).
+        want_usage = request.stream and not request.include_usage and (
+            admitted is not None or bool(runtime.policy.audit.path))
+        new_body = rewrite_body(request.document, config.model if rewrite else None, want_usage) if (
+            rewrite or want_usage or resolved.body_changed) else None
+        addresses = tuple(e.address for e in picked)
+        envoy = runtime.policy.envoy
+        headers = [(envoy.cluster_header, config.name), (envoy.endpoint_header, ",".join(addresses))]
+        if new_body is not None:
+            headers.append(("content-length", str(len(new_body))))
+        route = Route(config.name, addresses, tuple(headers), new_body,
+                      route_metadata(caller, resolved, config.name, admitted))
+        if explain is not None:
+            return Routed(config.name, route, (), now)
+        # Committed only once nothing else can fail.
+        self._sequence = sequence
+        self.health.picked(picked[0], now)
+        runtime.scheduler.profile(config.profile).observe(scheduling, picked[0])
+        default_output = runtime.policy.limits.default_output_tokens
+        lease = picked[0].lease(scheduling.prompt_tokens + (scheduling.max_output_tokens or default_output))
+        self._metrics.in_flight.inc()
+        return Routed(config.name, route, (lease,), self._clock())
