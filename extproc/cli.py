@@ -45,9 +45,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 async def _supervise(args: argparse.Namespace) -> int:
+    from extproc.limits.config import TierLimits
     from extproc.server.workers import Supervisor
 
-    service = load_policy(args.config).service  # config errors end here, before any worker starts
+    policy = load_policy(args.config)  # config errors end here, before any worker starts
+    service = policy.service
+    limited = policy.auth.mode == "api-key" or any(  # a keys file may give tenants limits of their own
+        tier.limits != TierLimits() or tier.model_limits != TierLimits() for tier in policy.tiers.values())
+    if policy.limits.store == "memory" and limited:
+        log.warning("limits.store memory with several workers: each worker keeps its own limits, and usage "
+                    "reported to another worker's access-log stream leaves the reserved estimate charged; use "
+                    "limits.store redis for exact limits")
     admin_port = args.admin_port if args.admin_port is not None else service.admin_port
     workers = args.workers or service.workers
     if workers != service.workers:

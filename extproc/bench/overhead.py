@@ -66,9 +66,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "memory or redis (starts a redis-server); several, comma-separated (memory,redis), "
                              "are compared in one run")
     parser.add_argument("--redis-server", default="redis-server", help="redis-server binary (with --store redis)")
-    parser.add_argument("--guard", choices=["none", "builtin"], default="none",
-                        help="content guard on every request: none, or builtin = every built-in detector "
-                             "(prompt_injection denies, the others mask); compare runs to see its cost")
+    parser.add_argument("--guard", type=_guard_choice, default="none",
+                        help="content guard on every request: none, builtin = every built-in detector, or a "
+                             "comma list of them (e.g. email,phone); prompt_injection denies, the others mask; "
+                             "compare runs to see its cost")
     parser.add_argument("--prompt-chars", type=int, default=0,
                         help="prompt length in characters (prose with one e-mail address per ~1 KiB); "
                              "default 0: the short prompt 'Say ok.'")
@@ -125,9 +126,18 @@ def _request_spec(prompt_chars: int) -> Callable[[int], RequestSpec]:
     return lambda _: spec
 
 
-def _guard_rules() -> list[dict[str, Any]]:
+def _guard_choice(value: str) -> str:
+    names = [] if value == "none" else list(DETECTORS) if value == "builtin" else value.split(",")
+    unknown = [name for name in names if name not in DETECTORS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown detector(s) {unknown}: none, builtin or some of {list(DETECTORS)}")
+    return value
+
+
+def _guard_rules(value: str) -> list[dict[str, Any]]:
+    names = list(DETECTORS) if value == "builtin" else value.split(",")
     return [{"name": name.replace("_", "-"), "detector": name,
-             "action": "deny" if name == "prompt_injection" else "mask"} for name in DETECTORS]
+             "action": "deny" if name == "prompt_injection" else "mask"} for name in names]
 
 
 def _latency(samples: list[Sample]) -> dict[str, Any]:
@@ -150,8 +160,8 @@ def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, dire
                                                       "tokens_per_min": 10**12, "tokens_per_day": 10**13}}}
         policy_doc["limits"] = {"store": store, "redis_url": f"redis://127.0.0.1:{redis_port}/0",
                                 "slices": args.slices == "on"}
-    if args.guard == "builtin" and store != "trivial":
-        policy_doc["guard"] = {"rules": _guard_rules()}
+    if args.guard != "none" and store != "trivial":
+        policy_doc["guard"] = {"rules": _guard_rules(args.guard)}
     path = workdir / f"policy-{name}.yaml"
     path.write_text(yaml.safe_dump(policy_doc))
     return path

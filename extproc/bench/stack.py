@@ -6,6 +6,7 @@ Every child belongs to the caller's ProcessGroup, which stops them all on exit o
 
 from __future__ import annotations
 
+import random
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -36,12 +37,25 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def free_port_block(count: int, attempts: int = 50) -> int:
-    """The first of `count` consecutive free ports (a supervisor's admin port and its workers' after it)."""
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def free_port_block(count: int, attempts: int = 200) -> int:
+    """The first of `count` consecutive free ports (a supervisor's admin port and its workers' after it), outside
+    the kernel's ephemeral range: inside it, on a busy machine, the neighbours of a free port are often held by
+    outgoing connections."""
+    low, high = _ephemeral_range()
+    chooser = random.Random()
+    spans = [(span_low, span_high - count) for span_low, span_high in ((10_000, low - 1), (high + 1, 65_535))
+             if span_high - count >= span_low]
     for _ in range(attempts):
-        base = free_ports(1)[0]
-        if base + count > 65535:
-            continue
+        span_low, span_high = chooser.choice(spans)
+        base = chooser.randint(span_low, span_high)
         sockets: list[socket.socket] = []
         try:
             for port in range(base, base + count):

@@ -11,7 +11,7 @@ unavailable too: that is the active check, and it recovers as soon as a scrape s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from extproc.endpoints.config import HealthPolicy
@@ -90,6 +90,11 @@ class HealthTracker:
     def usable(self, endpoints: Sequence[Endpoint], now: float) -> list[Endpoint]:
         limit = self._policy().scrape_failures
         return [e for e in endpoints if self._available(e, now, limit)]
+
+    def each_usable(self, endpoints: Sequence[Endpoint], now: float) -> Iterator[Endpoint]:
+        """`usable`, lazily (for callers that may stop early)."""
+        limit = self._policy().scrape_failures
+        return (e for e in endpoints if self._available(e, now, limit))
 
     def picked(self, endpoint: Endpoint, now: float) -> None:
         """The gateway routed to `endpoint`; a half-open breaker now has its probe in flight."""

@@ -14,20 +14,21 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-import aiohttp
-
 from extproc.aio import Sleep
 from extproc.endpoints.config import SaturationConfig, ScrapeConfig
+from extproc.endpoints.metrics_transport import (
+    HttpMetricsTransport,
+    MetricsTransport,
+    ScrapeFailed,
+    TransportFactory,
+)
 from extproc.endpoints.registry import Endpoint, EndpointRegistry
 from extproc.endpoints.vllm_metrics import parse_vllm_metrics
 from extproc.periodic import FailureLog, Periodic
 
-__all__ = ["MAX_BODY_BYTES", "MetricsScraper", "SessionFactory", "default_session", "is_fresh"]
+__all__ = ["MetricsScraper", "is_fresh"]
 
 log = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a vLLM page is ~20-60 KB; anything this large is not one
-SessionFactory = Callable[[], aiohttp.ClientSession]
 
 
 def is_fresh(endpoint: Endpoint, now: float, stale_after_s: float) -> bool:
@@ -36,27 +37,11 @@ def is_fresh(endpoint: Endpoint, now: float, stale_after_s: float) -> bool:
     return metrics is not None and now - metrics.scraped_at <= stale_after_s
 
 
-def default_session() -> aiohttp.ClientSession:
-    # One keep-alive connection per endpoint is reused round after round; no pool limit, because a queue
-    # for a free connection would eat into every scrape's timeout. Uncompressed: on a LAN, gunzipping
-    # every page each 100 ms costs more CPU than the bytes are worth.
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30.0),
-        headers={"Accept": "text/plain", "Accept-Encoding": "identity"},
-    )
-
-
-class _ScrapeFailed(Exception):
-    """A response that is not a usable metrics page; the message names the state for the log."""
-
-
 def _failure_state(exc: BaseException, timeout_ms: int) -> str:
-    if isinstance(exc, _ScrapeFailed):
+    if isinstance(exc, ScrapeFailed):
         return str(exc)
     if isinstance(exc, TimeoutError):
         return f"timed out after {timeout_ms} ms"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"cannot connect: {exc.os_error.strerror or type(exc.os_error).__name__}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -64,7 +49,8 @@ class MetricsScraper:
     """Scrapes `/metrics` of every endpoint in `registry` once per `config.interval_ms`.
 
     `scrapes_total` counts finished scrape attempts and `failures_total` the failed ones among them. Rounds
-    run at a fixed rate (a `Periodic`); `clock` stamps the metrics and `sleep` waits between rounds.
+    run at a fixed rate (a `Periodic`); `transport` makes the page fetcher at start (HTTP by default), `clock`
+    stamps the metrics and `sleep` waits between rounds (all injectable: tests need neither sockets nor real time).
     """
 
     def __init__(
@@ -73,9 +59,7 @@ class MetricsScraper:
         config: ScrapeConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
-        session_factory: SessionFactory = default_session,
-        max_body_bytes: int = MAX_BODY_BYTES,
-        path: str = "/metrics",
+        transport: TransportFactory = HttpMetricsTransport,
         saturation: Callable[[], SaturationConfig] = SaturationConfig,
         sleep: Sleep = asyncio.sleep,
     ) -> None:
@@ -85,11 +69,9 @@ class MetricsScraper:
         self._clock = clock
         self._saturation = saturation
         self.on_scrape: Callable[[], None] | None = None  # called after every successful scrape
-        self._session_factory = session_factory
-        self._max_body_bytes = max_body_bytes
-        self._path = path
+        self._transport_factory = transport
         self._timeout_s = config.timeout_ms / 1000.0
-        self._session: aiohttp.ClientSession | None = None
+        self._transport: MetricsTransport | None = None
         self._rounds = Periodic("vllm-metrics-scraper", self._start_round, config.interval_ms / 1000.0, log=log,
                                 what="metrics scrape round", immediate=True, fixed_rate=True, sleep=sleep)
         self._scrapes: dict[Endpoint, asyncio.Task[None]] = {}  # Endpoint hashes by identity
@@ -105,11 +87,11 @@ class MetricsScraper:
         """Start scraping (the first round at once); no-op when disabled or already running."""
         if not self._config.enabled or self._rounds.running:
             return
-        self._session = self._session_factory()
+        self._transport = self._transport_factory()
         self._rounds.start()
 
     async def stop(self) -> None:
-        """Cancel the rounds and every scrape in flight, then close the HTTP session."""
+        """Cancel the rounds and every scrape in flight, then close the transport."""
         if not self._rounds.running:
             return
         await self._rounds.stop()
@@ -119,9 +101,9 @@ class MetricsScraper:
         for task in scrapes:
             task.cancel()
         await asyncio.gather(*scrapes, return_exceptions=True)
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        transport, self._transport = self._transport, None
+        if transport is not None:
+            await transport.close()
 
     async def __aenter__(self) -> MetricsScraper:
         await self.start()
@@ -171,18 +153,7 @@ class MetricsScraper:
             self._failing.pop(endpoint).recovered()
 
     async def _fetch(self, address: str) -> str:
-        session = self._session
-        if session is None:
-            raise _ScrapeFailed("scraper stopped")
-        limit = self._max_body_bytes
-        async with session.get(f"http://{address}{self._path}", allow_redirects=False) as response:
-            if response.status != 200:
-                raise _ScrapeFailed(f"HTTP {response.status}")
-            if response.content_length is not None and response.content_length > limit:
-                raise _ScrapeFailed(f"response larger than {limit} bytes")
-            body = bytearray()
-            async for chunk in response.content.iter_any():
-                body += chunk
-                if len(body) > limit:
-                    raise _ScrapeFailed(f"response larger than {limit} bytes")
-        return body.decode("utf-8", "replace")
+        transport = self._transport
+        if transport is None:
+            raise ScrapeFailed("scraper stopped")
+        return await transport.fetch(address)

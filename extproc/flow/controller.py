@@ -53,18 +53,22 @@ class Room:
     stale: int = 0  # usable endpoints whose metrics were missing or stale
 
     @classmethod
-    def of(cls, rooms: Iterable[float | None]) -> Room:
+    def of(cls, rooms: Iterable[float | None], enough: float = math.inf) -> Room:
         """A pool's room from its usable endpoints' (None: unknown). An endpoint of unknown room, or no
         usable endpoint at all, leaves the pool unlimited: flow control never stalls on missing data (and
-        routing answers for a pool without endpoints)."""
+        routing answers for a pool without endpoints). Counting stops once the room reaches `enough` or an
+        endpoint's is unknown (then `requests` is a lower bound and `stale` at least 1): large pools are not
+        walked whole when any room will do."""
         total = 0.0
         stale = seen = 0
         for room in rooms:
             seen += 1
             if room is None:
                 stale += 1
-            else:
-                total += room
+                break
+            total += room
+            if total >= enough:
+                break
         return cls(math.inf if stale or not seen else total, stale)
 
 
@@ -148,13 +152,13 @@ class _Pool:
 
 
 class FlowController:
-    def __init__(self, config: Callable[[], FlowControlConfig], room: Callable[[str, float, float], Room],
+    def __init__(self, config: Callable[[], FlowControlConfig], room: Callable[[str, float, float, float], Room],
                  clock: Callable[[], float] = time.monotonic,
                  observe_wait: Callable[[str, float], None] | None = None, timer: Timer = _asyncio_timer) -> None:
         """`config()`: the current policy's flow control, read at each use (a reload needs no call here:
         queued requests keep their class and deadline, new ones use the new classes). `room(pool, now,
-        reserve)`: the pool's room for a class keeping `reserve` of every endpoint's capacity free, from live
-        endpoint state (see `extproc.endpoints.load`)."""
+        reserve, enough)`: the pool's room for a class keeping `reserve` of every endpoint's capacity free, from
+        live endpoint state (see `extproc.endpoints.load`), counted at least up to `enough` (`Room.of`)."""
         self._config = config
         self._room = room
         self._clock = clock
@@ -182,7 +186,7 @@ class FlowController:
             self._dispatch(pool_name, pool, now)
         # Whatever is still queued had no room for its class; room for this one means nothing of a
         # class with at most its reserve waits ahead of it.
-        room = self._room(pool_name, now, spec.reserve)
+        room = self._room(pool_name, now, spec.reserve, pool.pending + 1.0)
         if room.stale:
             pool.stale_decisions += 1
         pool.saturated = room.requests - pool.pending <= 0
@@ -257,7 +261,7 @@ class FlowController:
                 spec = self.config.classes.get(klass)
                 reserve = spec.reserve if spec is not None else 0.0
                 if reserve not in rooms:
-                    rooms[reserve] = self._room(pool_name, now, reserve).requests - pool.pending
+                    rooms[reserve] = self._room(pool_name, now, reserve, math.inf).requests - pool.pending
                 if rooms[reserve] <= 0:
                     continue
                 ticket = pool.queue.pop_class(klass)

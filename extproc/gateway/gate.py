@@ -17,16 +17,17 @@ from extproc.telemetry import GatewayMetrics
 __all__ = ["Gate", "pool_room"]
 
 
-def pool_room(runtime: Callable[[], Runtime], health: HealthTracker) -> Callable[[str, float, float], Room]:
+def pool_room(runtime: Callable[[], Runtime], health: HealthTracker
+              ) -> Callable[[str, float, float, float], Room]:
     """Flow control's room callback: how many more requests of a class keeping `reserve` free a pool's usable
-    endpoints take, under the current runtime."""
+    endpoints take (counted up to `enough`), under the current runtime."""
 
-    def room(pool_name: str, now: float, reserve: float) -> Room:
+    def room(pool_name: str, now: float, reserve: float, enough: float) -> Room:
         pool = runtime().pools.get(pool_name)
         if pool is None:
             return Room(math.inf, 0)
         load = pool.load
-        return Room.of(load.room(e, now, reserve) for e in health.usable(pool.endpoints, now))
+        return Room.of((load.room(e, now, reserve) for e in health.each_usable(pool.endpoints, now)), enough)
 
     return room
 

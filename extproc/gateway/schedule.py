@@ -9,6 +9,7 @@ destination endpoints, and rewrites the body when the engine must see something 
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from extproc.endpoints import Endpoint
@@ -43,6 +44,28 @@ class Schedule:
     def usable(self, pool: Pool, now: float) -> list[Endpoint]:
         return self.health.usable(pool.endpoints, now)
 
+    def _candidates(self, caller: Caller, pool: Pool, scheduling: SchedulingRequest) -> list[Endpoint]:
+        """The usable endpoints with room for the caller's class (all usable ones when none has room). A pool
+        larger than `scheduling.max_candidates` is first tried over a sample (`Profile.narrow`): its usable
+        endpoints with room, or, when it has none, the whole pool."""
+        runtime, now = caller.runtime, scheduling.now
+        endpoints = pool.endpoints
+        load = pool.load
+        reserve = runtime.policy.flow_control.classes[caller.klass].reserve if caller.klass else 0.0
+        limit = runtime.policy.scheduling.max_candidates
+        if limit and len(endpoints) > limit:
+            chooser = random.Random(scheduling.sequence)  # reproducible per request, like the picker's ties
+            sample = runtime.scheduler.profile(pool.config.profile).narrow(scheduling, endpoints, limit, chooser)
+            with_room = [e for e in self.health.usable(sample, now)
+                         if (room := load.room(e, now, reserve)) is None or room > 0]
+            if with_room:
+                return with_room
+        candidates = self.health.usable(endpoints, now)
+        if caller.klass and len(candidates) > 1:
+            with_room = [e for e in candidates if (room := load.room(e, now, reserve)) is None or room > 0]
+            candidates = with_room or candidates
+        return candidates
+
     def request(self, caller: Caller, resolved: Resolved, pool: Pool, sequence: int = 0) -> SchedulingRequest:
         """What the pool's scheduling profile is told about the request."""
         request = resolved.request
@@ -67,20 +90,16 @@ class Schedule:
         runtime = caller.runtime
         now = self._clock()
         pool = runtime.pools[resolved.pool.name]
-        candidates = self.usable(pool, now)
-        if caller.klass and len(candidates) > 1:
-            reserve = runtime.policy.flow_control.classes[caller.klass].reserve
-            load = pool.load
-            with_room = [e for e in candidates if (room := load.room(e, now, reserve)) is None or room > 0]
-            candidates = with_room or candidates
+        sequence = self._sequence + 1
+        scheduling = self.request(caller, resolved, pool, sequence)
+        candidates = self._candidates(caller, pool, scheduling)
         backup = pool.config.backup_pool
         if not candidates and backup is not None:  # no healthy endpoint: the backup pool serves
             standby = runtime.pools[backup]
             if found := self.usable(standby, now):
                 pool, candidates = standby, found
+                scheduling = self.request(caller, resolved, pool, sequence)
         config = pool.config
-        sequence = self._sequence + 1
-        scheduling = self.request(caller, resolved, pool, sequence)
         timer = self._time if sequence % TIMED_EVERY == 0 else None
         picked = runtime.scheduler.schedule(config.profile, scheduling, candidates, 1 + config.fallbacks, timer,
                                             explain) if candidates else []

@@ -45,6 +45,8 @@ class SchedulingConfig(Strict):
     placement_sync_ms: int = Field(default=50, ge=0, le=10_000,
                                    description="with limits.store redis: how often service replicas exchange where "
                                                "they placed prompt prefixes (extproc/server/placements.py); 0 = never")
+    # A pool larger than this is scheduled over its nominated endpoints plus a random sample (0: never).
+    max_candidates: int = Field(default=16, ge=0)
 
     @model_validator(mode="after")
     def _references(self) -> SchedulingConfig:

@@ -7,6 +7,7 @@ function.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,14 @@ class SharedState(Protocol):
 
 
 @runtime_checkable
+class Nominator(Protocol):
+    """Optional: plugins that name the endpoints a request must be scored on even when a large pool is
+    scheduled over a sample (e.g. the endpoints caching its prefix)."""
+
+    def nominate(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]: ...
+
+
+@runtime_checkable
 class NeedsPrefix(Protocol):
     needs_prefix: bool
 
@@ -115,11 +124,28 @@ class Profile:
     # Derived once here, not per request: protocol isinstance checks are slow.
     needs_prefix: bool = field(init=False)
     observers: tuple[Observer, ...] = field(init=False)
+    nominators: tuple[Nominator, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         plugins = (*self.filters, *(w.scorer for w in self.scorers), self.picker)
         object.__setattr__(self, "needs_prefix", any(isinstance(p, NeedsPrefix) and p.needs_prefix for p in plugins))
         object.__setattr__(self, "observers", tuple(p for p in plugins if isinstance(p, Observer)))
+        object.__setattr__(self, "nominators", tuple(p for p in plugins if isinstance(p, Nominator)))
+
+    def narrow(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], limit: int,
+               chooser: random.Random) -> Sequence[Endpoint]:
+        """At most about `limit` endpoints to schedule a large pool over: every endpoint a plugin nominates,
+        then a uniform sample of the rest (the best of a random `limit` is, like the power of two choices, close
+        to the best of all). The whole pool when it is not larger than `limit`."""
+        if len(endpoints) <= limit:
+            return endpoints
+        chosen: dict[int, Endpoint] = {}
+        for nominator in self.nominators:
+            for endpoint in nominator.nominate(request, endpoints):
+                chosen[id(endpoint)] = endpoint
+        for endpoint in chooser.sample(endpoints, max(0, limit - len(chosen))):
+            chosen[id(endpoint)] = endpoint
+        return list(chosen.values())
 
     def schedule(
         self, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,

@@ -51,6 +51,21 @@ class PrefixDirectory:
                 break
         return found
 
+    def holders(self, blocks: Sequence[int], limit: int) -> list[str]:
+        """Up to `limit` endpoints holding some prefix of `blocks`, the deepest holders first (for a large pool,
+        without naming every endpoint as `match` does)."""
+        found: dict[str, None] = {}
+        index = self._blocks
+        for depth in range(len(blocks), 0, -1):
+            homes = index.get(blocks[depth - 1])
+            if homes is None:
+                continue
+            for address in reversed(homes):
+                found.setdefault(address)
+            if len(found) >= limit:
+                break
+        return list(found)[:limit]
+
     def record(self, blocks: Sequence[int], address: str) -> list[int]:
         """`blocks` were sent to `address`; returns the hashes to share with other replicas: of the blocks that
         were not known at `address` yet, every `share_every`-th one and the last."""

@@ -29,6 +29,7 @@ from extproc.bench.stack import SimPool, Stack
 from extproc.tenants import hash_key
 from tests.chaos.conftest import assert_no_leaked_in_flight, chat_body, chat_spec, launch_stack, metric_value
 from tests.integration.limits.redis_server import RedisServer
+from tests.support import LoadProgress, eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -98,11 +99,18 @@ async def leases_in_redis(url: str, tenant: str = "cc") -> int:
 async def hold_full_concurrency(http: aiohttp.ClientSession, stack: Stack, redis_url: str | None) -> Hold:
     long = chat_body("chat", "hold a slot", max_tokens=700, stream=True, ignore_eos=True)
 
+    answered = 0  # holders whose response headers came: each admitted (streaming) or refused by now
+
     async def one() -> int:
-        return (await post(http, stack, "cc", long))[0]
+        nonlocal answered
+        async with http.post(f"http://127.0.0.1:{stack.envoy_port}/v1/chat/completions", json=long,
+                             headers=dict(auth("cc"))) as response:
+            answered += 1
+            await response.read()
+            return response.status
 
     holders = [asyncio.create_task(one()) for _ in range(CONCURRENCY)]
-    await asyncio.sleep(0.4)
+    await eventually(lambda: answered == CONCURRENCY, f"the {CONCURRENCY} holders' response headers")
     extra = (await post(http, stack, "cc", chat_body("chat", "one too many")))[0]
     in_redis = await leases_in_redis(redis_url) if redis_url is not None else None
     return Hold(list(await asyncio.gather(*holders)), extra, in_redis)
@@ -110,13 +118,11 @@ async def hold_full_concurrency(http: aiohttp.ClientSession, stack: Stack, redis
 
 async def wait_store_up(http: aiohttp.ClientSession, stack: Stack) -> None:
     """Until an admission went through Redis again (the failover probes it at most once a second)."""
-    deadline = time.monotonic() + 6.0
-    while time.monotonic() < deadline:
+    async def up() -> bool:
         await post(http, stack, "bulk", chat_body("chat", "probe"))
-        if await metric_value(http, stack.admin_url, "extproc_limits_store_up") == 1.0:
-            return
-        await asyncio.sleep(0.2)
-    raise AssertionError("the service never used Redis again after it came back")
+        return await metric_value(http, stack.admin_url, "extproc_limits_store_up") == 1.0
+
+    await eventually(up, "the service using Redis again after it came back", timeout_s=6.0, interval_s=0.2)
 
 
 async def wait_stable(http: aiohttp.ClientSession, stack: Stack) -> None:
@@ -154,19 +160,21 @@ async def outcome(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
             before = await hold_full_concurrency(http, stack, redis_server.url)
             assert before == Hold([200] * CONCURRENCY, 429, CONCURRENCY)
 
+            progress = LoadProgress()  # the outage follows the load's replies (20 a second), not seconds
             load = asyncio.create_task(run_open_loop("127.0.0.1", stack.envoy_port,
                                                      chat_spec("chat", headers=auth("bulk")), rate=20,
-                                                     duration_s=3.5, arrival="fixed", timeout_s=10))
+                                                     duration_s=3.5, arrival="fixed", timeout_s=10,
+                                                     progress=progress, progress_interval_s=0.05))
             started = time.monotonic()
-            await asyncio.sleep(1.0)
+            await progress.answered(20)  # ~1 s through Redis
             redis_server.kill()
             result.killed_at = time.monotonic() - started
-            await asyncio.sleep(0.5)
+            await progress.answered(30)  # ~0.5 s with Redis dead
             if policy == "fail-open":
                 result.while_down = await hold_full_concurrency(http, stack, None)
             else:
                 result.down_reply = await post(http, stack, "cc", chat_body("chat", "while redis is down"))
-            await asyncio.sleep(max(0.0, 2.5 - (time.monotonic() - started)))
+            await progress.answered(50)  # Redis away for ~1.5 s of load (more than a slice's 1 s lifetime)
             redis_server.start()
             result.back_at = time.monotonic() - started
             result.samples = await load
@@ -223,10 +231,8 @@ async def test_no_state_is_left_behind(outcome: Outcome) -> None:
         assert await hold_full_concurrency(http, stack, outcome.redis_url) == Hold([200] * CONCURRENCY, 429,
                                                                                    CONCURRENCY)
         await assert_no_leaked_in_flight(http, [stack.admin_url])
-    leases = -1
-    for _ in range(30):  # the holders' streams are over; their ext_proc streams close just after
-        leases = await leases_in_redis(outcome.redis_url)
-        if leases == 0:
-            break
-        await asyncio.sleep(0.1)
-    assert leases == 0
+
+    async def no_leases() -> bool:  # the holders' streams are over; their ext_proc streams close just after
+        return await leases_in_redis(outcome.redis_url) == 0
+
+    await eventually(no_leases, "no concurrency lease left in Redis")

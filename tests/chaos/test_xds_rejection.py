@@ -6,9 +6,7 @@ content each raise `update_rejected` while requests keep succeeding on the last 
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +20,7 @@ from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack
 from extproc.xds.render import write_atomic
 from tests.chaos.conftest import assert_no_leaked_in_flight, chat_body, launch_stack
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -60,13 +59,12 @@ def refused(stats: dict[str, int]) -> int:
 
 async def wait_stats(http: aiohttp.ClientSession, stack: Stack, value: Callable[[dict[str, int]], int],
                      above: int) -> dict[str, int]:
-    deadline = time.monotonic() + 5.0
-    while time.monotonic() < deadline:
+    async def went_above() -> dict[str, int]:
         stats = await rds_stats(http, stack)
-        if value(stats) > above:
-            return stats
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"never went above {above}: {await rds_stats(http, stack)}")
+        assert value(stats) > above, stats
+        return stats
+
+    return await eventually(went_above, f"Envoy's {value.__name__} above {above}")
 
 
 def successes(stats: dict[str, int]) -> int:

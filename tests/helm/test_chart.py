@@ -272,7 +272,7 @@ def test_dashboard_queries_use_the_service_metric_names() -> None:
 
     registry = CollectorRegistry()
     GatewayMetrics(registry)
-    registry.register(FlowCollector(FlowController(FlowControlConfig, lambda pool, now, reserve: Room(0.0, 0))))
+    registry.register(FlowCollector(FlowController(FlowControlConfig, lambda pool, now, reserve, enough: Room(0.0, 0))))
     registry.register(PoolCollector(list, HealthTracker(), lambda: 1.0))
     suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
     # Families with labels have no samples until used: derive the exported names from the family types.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ class MaxScorePicker:
              count: int) -> list[Endpoint]:
         size = len(endpoints)
         start = (request.sequence + self.seed) % size
-        order = sorted(range(size), key=lambda i: (-round(totals[i], 9), (i - start) % size))
-        return [endpoints[i] for i in order[:count]]
+        rotated = [*range(start, size), *range(start)]  # equal totals: the first from `start` on wins
+        rounded = [round(total, 9) for total in totals]
+        # nlargest is stable like sorted(reverse=True): equal totals keep the rotation's order.
+        return [endpoints[i] for i in heapq.nlargest(count, rotated, key=rounded.__getitem__)]
 
 
 class RandomPicker:

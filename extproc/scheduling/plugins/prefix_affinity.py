@@ -20,12 +20,17 @@ exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gain
 them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
 share of the average would react to (moving a prefix costs a full prefill of it elsewhere).
 
+A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
+request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
+
 The directory is learned from where requests were sent (`observe`). Service replicas share it through Redis
 (`extproc.server.placements`): `export_shared` / `import_shared` carry what one replica placed to the others.
 """
 
 from __future__ import annotations
 
+import heapq
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +47,9 @@ TYPE = "prefix-affinity-scorer"
 _BACKLOG_BUCKET = 512.0
 # Placements kept for other replicas between two exchanges (oldest dropped first).
 _OUTBOX_LIMIT = 10_000
+NOMINEES = 4  # ranked endpoints a request's anchor nominates when a large pool is scheduled over a sample
+RANKS_KEPT = 4096  # anchors whose ranking is remembered per endpoint set (LRU)
+POOLS_KEPT = 16  # endpoint sets (pools, versions) with remembered rankings
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,9 @@ class PrefixAffinityScorer:
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
+        # id(endpoint set) -> (that set, its endpoints by address, anchor -> top NOMINEES of the set)
+        self._ranks: OrderedDict[int, tuple[Sequence[Endpoint], dict[str, Endpoint],
+                                            OrderedDict[int, list[Endpoint]]]] = OrderedDict()
 
     def choices(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
         """Endpoint indexes, best first: the home, then the spill, then the rest."""
@@ -117,6 +128,32 @@ class PrefixAffinityScorer:
         if len(order) > 1:
             scores[order[1]] = self.params.spill_score
         return scores
+
+    def nominate(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[Endpoint]:
+        """The homes of the request's known prefixes (deepest first) and its anchor's best-ranked endpoints of the
+        whole set, so that a sample of a large pool still holds where the prefix is cached and where it would be
+        placed (rankings remembered per anchor: not rehashed over every endpoint per request)."""
+        blocks = request.prefix_blocks
+        if not blocks or len(blocks) < self.params.min_blocks:
+            return []
+        known = self._ranks.get(id(endpoints))
+        if known is None or known[0] is not endpoints:
+            known = (endpoints, {e.address: e for e in endpoints}, OrderedDict())
+            self._ranks[id(endpoints)] = known
+            while len(self._ranks) > POOLS_KEPT:
+                self._ranks.popitem(last=False)
+        self._ranks.move_to_end(id(endpoints))
+        _, by_address, ranked = known
+        anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
+        top = ranked.get(anchor)
+        if top is None:
+            top = ranked[anchor] = heapq.nlargest(NOMINEES, endpoints, key=lambda e: rendezvous(anchor, e.address))
+            if len(ranked) > RANKS_KEPT:
+                ranked.popitem(last=False)
+        else:
+            ranked.move_to_end(anchor)
+        homes = self.directory.holders(blocks, self.params.homes)
+        return [*top, *(by_address[a] for a in homes if a in by_address)]
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
         blocks = request.prefix_blocks

@@ -11,7 +11,6 @@ import asyncio
 import json
 import random
 import re
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from extproc.bench.httpclient import HttpClient
 from extproc.bench.peers import Peer, fallback_lines, policy_check, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup
 from extproc.sim import Fleet, ReplicaSpec, load_profile
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -104,18 +104,25 @@ async def test_vllm_router_power_of_two_avoids_the_replica_that_reports_load(tmp
         # Six long requests straight to `busy` (not through the peer): its /get_load reports them.
         long_body = {"model": MODEL, "prompt": "keep going", "max_tokens": 1024, "ignore_eos": True}
         hogs = [asyncio.create_task(http.post(f"{busy.url}/v1/completions", json=long_body)) for _ in range(6)]
-        deadline = time.monotonic() + 10
-        while json.loads(await (await http.get(f"{busy.url}/get_load")).text())["load"] < 6:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.01)
+
+        async def loaded() -> bool:
+            return bool(json.loads(await (await http.get(f"{busy.url}/get_load")).text())["load"] >= 6)
+
+        await eventually(loaded, "the six hogs counted by /get_load", timeout_s=10)
         # The peer polls /get_load every second: probe until its log shows it compared `busy` as loaded.
         seen = re.compile(re.escape(busy.url) + r"=([1-9]\d*)")
         probes = 0
-        while not seen.search(peer.log_path.read_text(errors="replace")):
-            assert time.monotonic() < deadline, "the peer never saw the load /get_load reported"
+
+        async def peer_saw_load() -> bool:
+            nonlocal probes
+            if seen.search(peer.log_path.read_text(errors="replace")):
+                return True
             await _chat(http, peer, "probe", "probe", 1)
             probes += 1
-            await asyncio.sleep(0.05)
+            return False
+
+        await eventually(peer_saw_load, "the peer's log comparing the loaded replica", timeout_s=10,
+                         interval_s=0.05)
         # With two workers both are always the two choices: every request goes to the idle one.
         served = [await _chat(http, peer, "system", f"question {i}", 2) for i in range(10)]
         assert served == [idle.address] * 10

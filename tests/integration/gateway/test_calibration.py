@@ -4,7 +4,6 @@ lands much closer to what the (simulated) engine counts than the raw character e
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, launch
 from extproc.openai import Api, estimate_tokens, parse_request
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -41,13 +41,14 @@ async def test_calibrated_estimate_tracks_the_engine(tmp_path: Path) -> None:
 
             for i in range(30):
                 await send(body(i))
-            fit: dict[str, float] = {}
-            for _ in range(50):
+
+            async def fitted() -> dict[str, float]:
                 async with http.get(f"{stack.admin_url}/debug/pools") as response:
-                    fit = (await response.json())["prompt_calibration"].get("chat", {})
-                if fit.get("observations", 0) >= 30:
-                    break
-                await asyncio.sleep(0.1)
+                    fit: dict[str, float] = (await response.json())["prompt_calibration"].get("chat", {})
+                assert fit.get("observations", 0) >= 30, fit  # the access log reports usage after each reply
+                return fit
+
+            fit = await eventually(fitted, "the 30 replies' usage in the prompt calibration")
             fresh = body(1000)
             real = await send(fresh)
     assert fit["observations"] == 30

@@ -7,6 +7,7 @@ import asyncio
 import json
 import random
 from collections.abc import AsyncIterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
 from extproc.tenants import hash_key
 from tests.integration.limits.redis_server import RedisServer
+from tests.support import debug_pools, eventually, metric_value, wait_metric
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -100,12 +102,18 @@ async def test_api_keys(stack: Stack, http: aiohttp.ClientSession) -> None:
 
 
 async def test_tokens_per_minute_reconciled_to_real_usage(stack: Stack, http: aiohttp.ClientSession) -> None:
+    completion_before = await metric_value(http, stack.admin_url, "extproc_usage_tokens_total", 'kind="completion"')
     status, headers, payload = await post(http, stack, KEYS["tok"], body(max_tokens=200))
     assert status == 200
     used = payload["usage"]["total_tokens"]
     reserved_remaining = int(headers["x-ratelimit-remaining-tokens"])
     assert reserved_remaining <= 600 - 200  # the estimate (prompt + max_tokens) was reserved
-    await asyncio.sleep(0.5)  # the access log delivers usage ~0.1 s after the exchange
+    # The access log delivers the real usage after the exchange: wait until this replica has recorded this
+    # reply's completion tokens (an earlier test's late entry counts at most 8); the settle is sent on the store
+    # connection before the next request's admission.
+    completion = payload["usage"]["completion_tokens"]
+    await wait_metric(http, stack.admin_url, "extproc_usage_tokens_total", 'kind="completion"',
+                      above=completion_before + completion - 1)
     status, headers, _ = await post(http, stack, KEYS["tok"], body(max_tokens=8))
     assert status == 200
     # Now only real usage (plus this request's reservation) counts against the minute.
@@ -129,7 +137,11 @@ async def test_concurrency_limit_and_release(stack: Stack, http: aiohttp.ClientS
         return status
 
     holders = [asyncio.create_task(hold()) for _ in range(2)]
-    await asyncio.sleep(0.3)
+
+    async def both_streaming() -> bool:
+        return sum(e["in_flight"] for e in (await debug_pools(http, stack.admin_url))["chat"]) == 2
+
+    await eventually(both_streaming, "both held streams routed (their concurrency leases taken)")
     status, _, payload = await post(http, stack, KEYS["cc"], body())
     assert status == 429 and "concurrent" in payload["error"]["message"]
     assert await asyncio.gather(*holders) == [200, 200]
@@ -137,7 +149,7 @@ async def test_concurrency_limit_and_release(stack: Stack, http: aiohttp.ClientS
     assert status == 200
 
 
-async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack: Stack,
+async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack: Stack, http: aiohttp.ClientSession,
                                                                            store_url: str | None) -> None:
     rng = random.Random(7)
     aborts = [rng.random() < 0.3 for _ in range(1000)]
@@ -156,8 +168,9 @@ async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack
     assert sum(s.aborted for s in samples) > 100
     unexpected = [s for s in samples if s.error is not None and s.status != 429]
     assert not unexpected, unexpected[:3]
-    await asyncio.sleep(0.5)
-    # Every lease came back: the tenant can hold all 40 concurrent slots again at once.
+    # Every lease comes back: no exchange left in this process, none on an endpoint, and (Redis) no lease
+    # stored for anyone; then the tenant can hold all 40 concurrent slots again at once.
+    await eventually(partial(nothing_held, http, stack, store_url), "every aborted exchange released")
     hold = json.dumps(body(max_tokens=400, stream=True)).encode()
     results = await run_open_loop("127.0.0.1", stack.envoy_port,
                                   lambda i: RequestSpec("POST", "/v1/chat/completions",
@@ -167,39 +180,26 @@ async def test_no_leaked_lease_after_1000_requests_with_random_disconnects(stack
                                   rate=400, duration_s=0.1, arrival="fixed", timeout_s=20)
     assert len(results) == 40
     assert [s.status for s in results] == [200] * 40
-    # Envoy closes each ext_proc stream just after the response; give it a moment, then nothing may remain.
-    in_flight = -1
-    async with aiohttp.ClientSession() as session:
-        for _ in range(30):
-            async with session.get(f"{stack.admin_url}/debug/pools") as response:
-                in_flight = sum(e["in_flight"] for e in (await response.json())["pools"]["chat"])
-            if in_flight == 0:
-                break
-            await asyncio.sleep(0.1)
-    assert in_flight == 0
-    if store_url is not None:  # and Redis holds no lease of anyone
-        redis = Redis.from_url(store_url)
-        try:
-            leases = -1
-            for _ in range(30):
-                lease_sets = [key async for key in redis.scan_iter(match="*:cc")]  # empty sets vanish
-                leases = sum([await redis.zcard(key) for key in lease_sets])
-                if leases == 0:
-                    break
-                await asyncio.sleep(0.1)
-            assert leases == 0
-            # Both admission paths took leases here: from this replica's slices and decided by Redis.
-            local = await metric_value(stack.admin_url, 'extproc_limits_admissions{path="slice"}')
-            awaited = await metric_value(stack.admin_url, 'extproc_limits_admissions{path="awaited"}')
-            assert local > 50 and awaited > 0
-        finally:
-            await redis.aclose()
+    # Envoy closes each ext_proc stream just after the response: then nothing may remain.
+    await eventually(partial(nothing_held, http, stack, store_url), "the 40 held streams released")
+    if store_url is not None:
+        # Both admission paths took leases here: from this replica's slices and decided by Redis.
+        local = await metric_value(http, stack.admin_url, "extproc_limits_admissions", 'path="slice"')
+        awaited = await metric_value(http, stack.admin_url, "extproc_limits_admissions", 'path="awaited"')
+        assert local > 50 and awaited > 0
 
 
-async def metric_value(admin_url: str, sample: str) -> float:
-    async with aiohttp.ClientSession() as session, session.get(f"{admin_url}/metrics") as response:
-        for line in (await response.text()).splitlines():
-            name, _, value = line.rpartition(" ")
-            if name == sample:
-                return float(value)
-    raise AssertionError(f"{sample} not exported")
+async def nothing_held(http: aiohttp.ClientSession, stack: Stack, store_url: str | None) -> bool:
+    """No exchange in flight in the service or on an endpoint and, with Redis, no concurrency lease stored."""
+    in_flight = sum(e["in_flight"] for e in (await debug_pools(http, stack.admin_url))["chat"])
+    assert in_flight == 0 and await metric_value(http, stack.admin_url, "extproc_in_flight") == 0, in_flight
+    if store_url is None:
+        return True
+    redis = Redis.from_url(store_url)
+    try:
+        lease_sets = [key async for key in redis.scan_iter(match="*:cc")]  # empty sets vanish
+        leases = sum([await redis.zcard(key) for key in lease_sets])
+    finally:
+        await redis.aclose()
+    assert leases == 0, f"{leases} leases in Redis"
+    return True

@@ -11,7 +11,8 @@ import aiohttp
 import pytest
 
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, launch
+from extproc.bench.stack import SimPool
+from tests.support import FAST, launch_stack
 
 pytestmark = pytest.mark.asyncio
 
@@ -31,7 +32,7 @@ async def ask(http: aiohttp.ClientSession, port: int, text: str) -> tuple[int, d
 
 async def test_the_model_sees_the_masked_prompt_and_deny_rules_refuse(tmp_path: Path) -> None:
     async with ProcessGroup(tmp_path / "logs") as group:
-        stack = await launch(group, tmp_path, [POOL], extra_policy={"guard": GUARD}, sim_args=["--profile", "fast"])
+        stack = await launch_stack(group, tmp_path, [POOL], extra_policy={"guard": GUARD}, sim_args=FAST)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             port = stack.envoy_port
             raw = "reach a.very.long.address@mail.example.org, card 4111 1111 1111 1111, thanks"

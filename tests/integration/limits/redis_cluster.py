@@ -7,7 +7,6 @@ import random
 import shutil
 import socket
 import subprocess
-import time
 
 import pytest
 from redis import Redis
@@ -15,6 +14,7 @@ from redis.cluster import RedisCluster as RedisClusterClient
 from redis.exceptions import RedisError
 
 from tests.integration.limits.redis_server import RedisServer, redis_server_binary
+from tests.support import wait_until
 
 _NODE_TIMEOUT_MS = 1000
 
@@ -113,8 +113,4 @@ class RedisCluster:
     @staticmethod
     def wait(condition: object, what: str, timeout_s: float = 20.0) -> None:
         assert callable(condition)
-        deadline = time.monotonic() + timeout_s
-        while not condition():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"redis cluster: not {what} within {timeout_s:g} s")
-            time.sleep(0.05)
+        wait_until(condition, f"redis cluster {what}", timeout_s=timeout_s, interval_s=0.05)

@@ -8,12 +8,11 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import free_ports
+from tests.support import free_ports, wait_until
 
 
 def redis_server_binary() -> str:
@@ -46,6 +45,13 @@ class RedisServer:
         self._wait_ready(self.tls_port or self.port)
         return self
 
+    def asleep(self) -> bool:
+        """True while the server's main thread sleeps in `DEBUG SLEEP` (its kernel wait channel is the sleep,
+        not its event loop's epoll_wait): a fact to wait on before testing a stalled server."""
+        if self.proc is None:
+            return False
+        return Path(f"/proc/{self.proc.pid}/wchan").read_text() == "hrtimer_nanosleep"
+
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
@@ -53,16 +59,19 @@ class RedisServer:
         self.proc = None
 
     def _wait_ready(self, port: int) -> None:
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
+        def accepting() -> bool:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 log = Path(self._dir, "redis.log").read_text(errors="replace")
                 pytest.fail(f"redis-server exited with {self.proc.returncode}:\n{log}", pytrace=False)
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    return
+                    return True
             except OSError:
-                time.sleep(0.02)
-        self.kill()
-        pytest.fail("redis-server did not accept connections within 10 s", pytrace=False)
+                return False
+
+        try:
+            wait_until(accepting, "redis-server accepting connections", timeout_s=10.0)
+        except AssertionError:
+            self.kill()
+            pytest.fail("redis-server did not accept connections within 10 s", pytrace=False)

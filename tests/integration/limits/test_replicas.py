@@ -47,13 +47,12 @@ async def test_concurrency_never_exceeds_the_limit_across_replicas(redis_server:
             rid = f"{replica_index}-{worker_index}-{n}"
             now = time.time()
             if not (await replica.admit(AdmitRequest(rid, now, 0, concurrency=(limit,)))).admitted:
-                await asyncio.sleep(0)
-                continue
+                continue  # (the next admission awaits Redis: the other workers run meanwhile)
             in_flight += 1
             admitted += 1
             peak = max(peak, in_flight)
             assert in_flight <= limit.limit
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # the behaviour: the lease is held while the other replicas try
             in_flight -= 1
             await replica.release(Reservation(rid, 0, (limit,), (), now), time.time())
 

@@ -4,7 +4,6 @@ posted calls and their failures, SELECT, reconnects and a stalled server."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Callable
 
 import pytest
@@ -13,6 +12,7 @@ from redis.asyncio import Redis
 from extproc.limits import StoreUnavailable
 from extproc.limits.resp import Address, RespClient, Script
 from tests.integration.limits.redis_server import RedisServer
+from tests.support import block_event_loop, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -67,13 +67,18 @@ def test_under_uvloop(redis_server: RedisServer) -> None:
     assert uvloop.run(scenario()) == [b"1", [b"k", b"v"], [b"k", b"late"], {}]
 
 
+async def one_loop_turn() -> None:
+    """Let a task just created run to its first wait: it sends its command, then awaits the reply."""
+    await asyncio.sleep(0)  # one turn of the event loop, no time: the task's first step runs
+
+
 async def reply_after_a_stalled_loop(resp: RespClient) -> object:
     """A call whose deadline passes while the whole process is blocked (descheduled, a long callback):
     its reply, there by then, is read before the deadline is looked at."""
     await resp.call("PING")
     task = asyncio.create_task(resp.evalsha(ECHO, ["k"], ["late"], timeout_s=0.005))
-    await asyncio.sleep(0)  # the task sends its command
-    time.sleep(0.05)  # noqa: ASYNC251  # blocks the loop on purpose
+    await one_loop_turn()
+    block_event_loop(0.05)  # the fault under test
     return await task
 
 
@@ -93,12 +98,12 @@ async def test_a_caller_that_gives_up_does_not_shift_the_replies(redis_server: R
     staller = Redis.from_url(redis_server.url)
     try:
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "0.3"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(redis_server.asleep, "the server in DEBUG SLEEP")
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.02):
                 await resp.call("ECHO", "abandoned")
         cancelled = asyncio.create_task(resp.call("ECHO", "cancelled"))
-        await asyncio.sleep(0.01)
+        await one_loop_turn()
         cancelled.cancel()
         assert await resp.call("ECHO", "mine") == b"mine"
         await stall
@@ -156,10 +161,9 @@ async def test_a_lost_connection_fails_pending_calls_and_the_next_call_reconnect
         await resp.call("PING")
         staller = Redis.from_url(server.url)
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
         pending = asyncio.create_task(resp.call("ECHO", "lost"))
-        await resp.post("release", "ZREM", "k", "m")
-        await asyncio.sleep(0.05)
+        await resp.post("release", "ZREM", "k", "m")  # pending from now on: the kill fails it, written or not
         server.kill()
         with pytest.raises(StoreUnavailable, match="connection lost"):
             await pending
@@ -172,12 +176,14 @@ async def test_a_lost_connection_fails_pending_calls_and_the_next_call_reconnect
         await asyncio.gather(stall, return_exceptions=True)
         await staller.aclose()
         server.start()
-        for _ in range(50):  # backoff is at most 0.5 s
+
+        async def reconnected() -> bool:  # after the backoff (at most 0.5 s), the next call connects
             try:
-                assert await resp.call("PING") == b"PONG"
-                break
+                return bool(await resp.call("PING") == b"PONG")
             except StoreUnavailable:
-                await asyncio.sleep(0.05)
+                return False
+
+        await eventually(reconnected, "a PING on a new connection")
         assert await resp.evalsha(ECHO, ["k"], ["v"]) == [b"k", b"v"]  # scripts loaded again on connect
     finally:
         await resp.close()
@@ -190,12 +196,12 @@ async def test_a_stalled_connection_is_dropped_when_a_caller_gives_up(redis_serv
     try:
         await resp.call("PING")
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "0.6"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(redis_server.asleep, "the server in DEBUG SLEEP")
         await resp.post("posted", "ECHO", "x")
         with pytest.raises(StoreUnavailable, match="no reply within"):
             await resp.call("ECHO", "first")  # waited 50 ms: not stale yet, the connection stays
         assert failures == []
-        await asyncio.sleep(0.15)
+        await asyncio.sleep(0.15)  # the behaviour: staleness is time without a reply (stale_after_s 0.15)
         with pytest.raises(StoreUnavailable, match="no reply within"):
             await resp.call("ECHO", "second")  # no reply for > 150 ms when it gives up: dropped
         assert [op for op, _ in failures] == ["posted"] and "reconnecting" in failures[0][1]
@@ -226,14 +232,10 @@ async def test_a_posted_script_delivers_its_reply_or_its_failure(servers: Callab
         await resp.call("PING")
         assert replies == [[b"k", b"v"], [b"k2", b"v2"]]
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "2"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
-        await resp.post_evalsha("echo", ECHO, ["k3"], ["v3"], on_reply=replies.append)
-        await asyncio.sleep(0.05)
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
+        await resp.post_evalsha("echo", ECHO, ["k3"], ["v3"], on_reply=replies.append)  # pending at once
         server.kill()
-        for _ in range(100):
-            if len(replies) == 3:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: len(replies) == 3, "the posted script's failure delivered")
         assert isinstance(replies[2], StoreUnavailable) and resp.posted_failures == {"echo": 1}
         stall.cancel()
         await asyncio.gather(stall, return_exceptions=True)

@@ -16,6 +16,7 @@ from extproc.limits import AdmitRequest, ConcurrencyLimit, RedisStore, Reservati
 from extproc.limits._rules import window_index
 from extproc.limits.slices import Slices
 from tests.integration.limits.redis_server import RedisServer
+from tests.support import arrive_after, eventually
 
 pytestmark = pytest.mark.integration
 
@@ -61,11 +62,11 @@ async def test_a_slice_admits_while_redis_is_asleep_and_redis_records_it(servers
     try:
         await warm(store, tpm, 100)
         stall = asyncio.create_task(staller.execute_command("DEBUG", "SLEEP", "1"))  # type: ignore[no-untyped-call]
-        await asyncio.sleep(0.05)
+        await eventually(server.asleep, "the server in DEBUG SLEEP")
         started = time.monotonic()
         fast = await store.admit(req("fast", 100, tpm))
         took = time.monotonic() - started
-        assert fast.admitted and took < 0.1, took
+        assert fast.admitted and took < 0.1, took  # the behaviour: decided here, not after Redis's 1 s sleep
         await stall
         await store.ping()
         assert await window_tokens(raw, prefix, tpm) == 300
@@ -134,7 +135,7 @@ async def test_an_unused_slice_comes_back_when_it_expires_or_is_replaced(redis_s
     try:
         await warm(a, tpm, 100)  # a holds a slice of 200
         assert not (await b.admit(req("b1", 700, tpm))).admitted
-        await asyncio.sleep(0.35)
+        await asyncio.sleep(0.35)  # the behaviour: a's slice lives 0.3 s in Redis, then expires
         assert (await b.admit(req("b2", 700, tpm))).admitted  # a's slice expired in Redis
         assert (await a.admit(req("a3", 25, tpm))).admitted  # 75 left: half of it is under two requests
         assert slices(a).take(req("a4", 25, tpm)) is None  # so a holds no slice
@@ -172,7 +173,7 @@ async def test_three_replicas_bursting_at_three_times_a_budget_never_exceed_it(r
         per_replica = 3 * tpm.limit // tokens // 3
 
         async def one(replica: RedisStore, rid: str, delay_s: float) -> bool:
-            await asyncio.sleep(delay_s)  # arrivals spread over ~50 ms, as through Envoy
+            await arrive_after(delay_s)  # over ~50 ms
             return (await replica.admit(req(rid, tokens, tpm))).admitted
 
         for replica in replicas:  # two requests each first: every replica holds a slice when the burst starts

@@ -18,7 +18,8 @@ import yaml
 
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, Stack, launch
+from extproc.bench.stack import SimPool, Stack
+from tests.support import eventually, launch_stack, wait_metric
 
 pytestmark = pytest.mark.asyncio
 
@@ -48,14 +49,12 @@ async def rollout_status(stack: Stack) -> dict[str, Any]:
 
 
 async def wait_status(stack: Stack, wanted: str, timeout_s: float) -> dict[str, Any]:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    state: dict[str, Any] = {}
-    while asyncio.get_running_loop().time() < deadline:
+    async def reached() -> dict[str, Any]:
         state = await rollout_status(stack)
-        if state["rollout"] is not None and state["rollout"]["status"] == wanted:
-            return state
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"rollout never reached {wanted!r}: {state}")
+        assert state["rollout"] is not None and state["rollout"]["status"] == wanted, state
+        return state
+
+    return await eventually(reached, f"the rollout {wanted}", timeout_s=timeout_s, interval_s=0.2)
 
 
 def served_by(samples: list[Sample], stack: Stack, pool: str) -> int:
@@ -65,7 +64,7 @@ def served_by(samples: list[Sample], stack: Stack, pool: str) -> int:
 
 async def test_degraded_canary_is_rolled_back(tmp_path: Path) -> None:
     async with ProcessGroup(tmp_path / "logs") as group:
-        stack = await launch(group, tmp_path, [V1, V2], extra_policy=rollout_policy(hold_s=30),
+        stack = await launch_stack(group, tmp_path, [V1, V2], extra_policy=rollout_policy(hold_s=30),
                              sim_args=["--profile", "fast"])
         async with aiohttp.ClientSession() as http:
             for port in stack.sim_ports["v2"]:  # the new version fails 40% of requests
@@ -85,26 +84,26 @@ async def test_degraded_canary_is_rolled_back(tmp_path: Path) -> None:
 
 async def test_healthy_canary_is_promoted_and_reloads_drop_nothing(tmp_path: Path) -> None:
     async with ProcessGroup(tmp_path / "logs") as group:
-        stack = await launch(group, tmp_path, [V1, V2], extra_policy=rollout_policy(hold_s=1.0),
+        stack = await launch_stack(group, tmp_path, [V1, V2], extra_policy=rollout_policy(hold_s=1.0),
                              sim_args=["--profile", "fast"])
         load = asyncio.create_task(run_open_loop("127.0.0.1", stack.envoy_port, spec, rate=60, duration_s=9,
                                                  arrival="fixed", timeout_s=10))
         await wait_status(stack, "promoted", timeout_s=8)
         # Live config under load: an invalid file is rejected (old policy stays), a valid one applies.
         document = yaml.safe_load(stack.policy_path.read_text())
-        replace(stack.policy_path, "pools: [this is not valid\n")
-        await asyncio.sleep(1.5)
-        document["pools"][0]["aliases"] = ["m-old"]
-        replace(stack.policy_path, yaml.safe_dump(document))
         async with aiohttp.ClientSession() as http:
-            for _ in range(30):
-                await asyncio.sleep(0.2)
+            replace(stack.policy_path, "pools: [this is not valid\n")
+            await wait_metric(http, stack.admin_url, "extproc_config_loads_total", 'result="error"', above=0)
+            document["pools"][0]["aliases"] = ["m-old"]
+            replace(stack.policy_path, yaml.safe_dump(document))
+
+            async def new_alias_served() -> bool:
                 payload = {"model": "m-old", "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}
                 async with http.post(f"http://127.0.0.1:{stack.envoy_port}/v1/chat/completions",
                                      json=payload) as response:
-                    if response.status == 200:
-                        break
-            assert response.status == 200
+                    return response.status == 200
+
+            await eventually(new_alias_served, "the reloaded policy's new alias served", interval_s=0.2)
             async with http.get(f"{stack.admin_url}/metrics") as response:
                 metrics = await response.text()
         samples = await load

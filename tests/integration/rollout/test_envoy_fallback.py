@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import subprocess
 from collections import Counter
@@ -19,7 +18,7 @@ from extproc.bench.procs import ProcessGroup, wait_port
 from extproc.config import load_policy, parse_policy
 from extproc.rollout.envoy_sync import FallbackRoute, FallbackRouteWriter, render_fallback_route
 from extproc.xds.render import dump, render_static, route_config
-from tests.support import envoy_binary, free_ports
+from tests.support import envoy_binary, eventually, free_ports
 
 pytestmark = pytest.mark.integration
 
@@ -149,9 +148,9 @@ async def test_envoy_follows_rewritten_weights(tmp_path: Path, backends: dict[st
         assert abs(split["v2"] / 800 - 0.25) < 0.06, split
         # The rollout promotes the canary: the file is swapped and Envoy follows within its file watch.
         await writer({"chat": {"v1": 0.0, "v2": 1.0}})
-        for _ in range(100):
-            if await served_by(client, listen, 10, ()) == {"v2": 10}:
-                break
-            await asyncio.sleep(0.1)
+        async def followed() -> bool:
+            return await served_by(client, listen, 10, ()) == {"v2": 10}
+
+        await eventually(followed, "Envoy serving the rewritten route", timeout_s=10, interval_s=0.1)
         assert await served_by(client, listen, 50, (("x-gateway-model", "chat"),)) == {"v2": 50}
         assert writer.writes == 2

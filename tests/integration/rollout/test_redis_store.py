@@ -145,7 +145,7 @@ async def test_unreachable_redis_raises_store_unavailable_quickly() -> None:
         with pytest.raises(RolloutStoreUnavailable):
             await store.load(MODEL)
         await rollouts.start()  # logs, never raises
-        assert time.monotonic() - started < 3.0
+        assert time.monotonic() - started < 3.0  # bounded by timeout_ms=300 (the behaviour), with a wide margin
         assert not rollouts.store_ok
         assert rollouts.current_weights(MODEL) == {"v1": 1.0, "v2": 0.0}  # baseline only until known
     finally:

@@ -3,9 +3,7 @@ HTTP helpers, and a forger of Envoy access-log (ALS) entries."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Any
 
 import aiohttp
@@ -17,6 +15,7 @@ from google.protobuf import struct_pb2
 
 from extproc.bench.stack import SimPool, Stack
 from extproc.tenants import hash_key
+from tests.support import debug_pools, metric_value, wait_metric
 
 CHAT = SimPool("chat", "org/chat", 2, aliases=("chat",))
 OTHER = SimPool("other", "org/other", 1, aliases=("other",))
@@ -110,17 +109,16 @@ async def remaining_tokens(http: aiohttp.ClientSession, stack: Stack, tenant: st
 
 async def settled(http: aiohttp.ClientSession, admin_url: str, before: float, bound_s: float = 5.0) -> None:
     """Wait until the service has taken one more access-log entry than `before` (entries come ~0.1 s late)."""
-    deadline = time.monotonic() + bound_s
-    while await entries(http, admin_url) <= before:
-        assert time.monotonic() < deadline, "no access-log entry arrived"
-        await asyncio.sleep(0.05)
+    await wait_metric(http, admin_url, "extproc_upstream_responses_total", above=before, timeout_s=bound_s)
 
 
 async def entries(http: aiohttp.ClientSession, admin_url: str) -> float:
-    async with http.get(f"{admin_url}/metrics") as response:
-        text = await response.text()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("extproc_upstream_responses_total{"))
+    return await metric_value(http, admin_url, "extproc_upstream_responses_total")
+
+
+async def in_flight(http: aiohttp.ClientSession, admin_url: str) -> int:
+    """Requests holding an endpoint lease now, over every pool (decided and not yet finished)."""
+    return sum(e["in_flight"] for endpoints in (await debug_pools(http, admin_url)).values() for e in endpoints)
 
 
 def forged_entry(request_id: str, reservation: list[Any], prompt: int,

@@ -22,8 +22,7 @@ import pytest_asyncio
 
 from extproc.bench.loadgen import RequestSpec, run_open_loop
 from extproc.bench.procs import ProcessGroup, cpu_seconds
-from extproc.bench.stack import Stack, launch
-from tests.chaos.conftest import launch_stack
+from extproc.bench.stack import Stack
 from tests.integration.limits.redis_server import RedisServer
 from tests.integration.security.helpers import (
     CAP,
@@ -32,6 +31,7 @@ from tests.integration.security.helpers import (
     chat,
     entries,
     forged_entry,
+    in_flight,
     key,
     keys_file,
     policy,
@@ -40,6 +40,7 @@ from tests.integration.security.helpers import (
     send_access_log,
     settled,
 )
+from tests.support import eventually, launch_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 FAST = ["--profile", "fast"]
@@ -50,7 +51,7 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     workdir: Path = tmp_path_factory.mktemp("attacks")
     (workdir / "keys.json").write_text(keys_file())
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch(group, workdir, POOLS, extra_policy=policy(str(workdir / "keys.json")), sim_args=FAST)
+        yield await launch_stack(group, workdir, POOLS, extra_policy=policy(str(workdir / "keys.json")), sim_args=FAST)
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -98,7 +99,7 @@ async def test_item1_client_request_id_is_no_accounting_key_with_redis(
     settings = {**policy(str(tmp_path / "keys.json")),
                 "limits": {"store": "redis", "redis_url": f"redis://127.0.0.1:{redis_server.port}/7"}}
     async with ProcessGroup(tmp_path / "logs") as group:
-        redis_stack = await launch(group, tmp_path, POOLS, extra_policy=settings, sim_args=FAST)
+        redis_stack = await launch_stack(group, tmp_path, POOLS, extra_policy=settings, sim_args=FAST)
         await shared_request_ids_do_not_share_limits(http, redis_stack)
 
 
@@ -122,7 +123,7 @@ async def test_item3_a_forged_access_log_entry_refunds_nothing(stack: Stack, htt
     start = await remaining_tokens(http, stack, "forge")
     running = asyncio.create_task(post(http, stack, "forge", chat(max_tokens=1000, stream=True, ignore_eos=True),
                                        **{"x-request-id": "evil-1"}))
-    await asyncio.sleep(0.3)
+    await eventually(lambda: in_flight(http, stack.admin_url), "the streaming request admitted and routed")
     budget = "{forge}:all:tpm"
     reservation = ["evil-1", 1010, time.time(), [[budget, 3000, 60]]]
     before = await entries(http, stack.admin_url)
@@ -303,7 +304,7 @@ async def impatient(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[S
     settings = {"flow_control": {"enabled": False},
                 "envoy": {"request_headers_timeout_s": 1, "request_timeout_s": 2}}
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch(group, workdir, POOLS, extra_policy=settings, sim_args=FAST)
+        yield await launch_stack(group, workdir, POOLS, extra_policy=settings, sim_args=FAST)
 
 
 async def closed_within(port: int, first: bytes, bound_s: float) -> bytes:
@@ -332,8 +333,11 @@ async def test_item9_routed_exchanges_survive_the_service(stack: Stack) -> None:
     url = f"http://127.0.0.1:{stack.envoy_port}/v1/chat/completions"
     auth = {"authorization": f"Bearer {key('victim')}"}
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=auth) as session:
+        streaming = asyncio.Event()
+
         async def stream() -> tuple[int, bool]:
             async with session.post(url, json=chat(max_tokens=600, stream=True, ignore_eos=True)) as response:
+                streaming.set()
                 lines = [line async for line in response.content]
                 return response.status, lines[-2:] == [b"data: [DONE]\n", b"\n"] or b"data: [DONE]\n" in lines
 
@@ -342,7 +346,11 @@ async def test_item9_routed_exchanges_survive_the_service(stack: Stack) -> None:
                 return response.status, (await response.json())["usage"]["completion_tokens"]
 
         running = [asyncio.create_task(stream()), asyncio.create_task(whole())]
-        await asyncio.sleep(0.5)
+        # Both routed (leases taken) and the stream's response under way: then the service dies.
+        async def both_routed() -> bool:
+            return streaming.is_set() and await in_flight(session, stack.admin_url) == 2
+
+        await eventually(both_routed, "both exchanges routed and the stream's response started", timeout_s=10)
         stack.children["service"].send_signal(signal.SIGKILL)
         assert await running[0] == (200, True)  # the SSE stream ran to [DONE]
         assert await running[1] == (200, 600)

@@ -13,7 +13,8 @@ import pytest
 
 from extproc.bench.loadgen import RequestSpec, run_open_loop
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, launch
+from extproc.bench.stack import SimPool
+from tests.support import eventually, launch_stack
 
 pytestmark = pytest.mark.asyncio
 
@@ -38,22 +39,29 @@ async def test_pool_gauges_follow_the_engine(tmp_path: Path) -> None:
                        "stream": True}).encode()
     spec = RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body, stream=True)
     async with ProcessGroup(tmp_path / "logs") as group:
-        stack = await launch(group, tmp_path, [POOL], extra_policy={"flow_control": {"enabled": False}},
+        stack = await launch_stack(group, tmp_path, [POOL], extra_policy={"flow_control": {"enabled": False}},
                              sim_args=["--profile", str(profile)])
         async with aiohttp.ClientSession() as http:
             load = asyncio.create_task(run_open_loop("127.0.0.1", stack.envoy_port, lambda _: spec, rate=200,
                                                      duration_s=0.03, arrival="fixed", timeout_s=30))
             busiest: dict[str, float] = {}
-            for _ in range(60):
-                await asyncio.sleep(0.05)
+
+            async def four_waiting() -> bool:
+                nonlocal busiest
                 seen = await gauges(http, stack.admin_url)
                 if seen.get("extproc_pool_requests_waiting", 0) >= busiest.get("extproc_pool_requests_waiting", 0):
                     busiest = seen
-                if busiest.get("extproc_pool_requests_waiting") == 4:
-                    break
+                return busiest.get("extproc_pool_requests_waiting") == 4
+
+            await eventually(four_waiting, "4 requests waiting in the pool gauges", timeout_s=3)
             samples = await load
-            await asyncio.sleep(0.4)  # a few scrapes after the last stream ended
-            idle = await gauges(http, stack.admin_url)
+
+            async def drained() -> dict[str, float]:
+                seen = await gauges(http, stack.admin_url)
+                assert (seen["extproc_pool_requests_running"], seen["extproc_pool_requests_waiting"]) == (0, 0), seen
+                return seen
+
+            idle = await eventually(drained, "the gauges scraped after the last stream ended")
     assert len(samples) == 6 and all(s.status == 200 for s in samples)
     assert busiest["extproc_pool_endpoints"] == busiest["extproc_pool_endpoints_ready"] == 1
     assert (busiest["extproc_pool_requests_running"], busiest["extproc_pool_requests_waiting"]) == (2, 4)

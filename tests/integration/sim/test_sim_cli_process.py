@@ -1,15 +1,16 @@
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
+import aiohttp
 import pytest
+
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -21,29 +22,29 @@ def free_port() -> int:
         return port
 
 
-def test_cli_writes_ready_file_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+async def test_cli_writes_ready_file_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
     ready = tmp_path / "ready.json"
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "extproc.sim", "--pool", f"org/m:1={port}", "--profile", "fast",
-         "--ready-file", str(ready)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "extproc.sim", "--pool", f"org/m:1={port}", "--profile", "fast",
+        "--ready-file", str(ready), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 10
-        while not ready.exists():
-            assert proc.poll() is None, proc.communicate()
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        def ready_file() -> bool:
+            assert proc.returncode is None, "the simulator exited"
+            return ready.exists()
+
+        await eventually(ready_file, "the simulator's ready file", timeout_s=10)
         endpoints = json.loads(ready.read_text())
         assert endpoints == [{"model": "org/m:1", "url": f"http://127.0.0.1:{port}"}]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=5) as resp:
-            assert json.load(resp)["data"][0]["id"] == "org/m:1"
+        async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{port}/v1/models") as resp:
+            assert (await resp.json())["data"][0]["id"] == "org/m:1"
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=10)
+        out, err = await asyncio.wait_for(proc.communicate(), 10)
     finally:
-        if proc.poll() is None:
+        if proc.returncode is None:
             proc.kill()
-    assert proc.returncode == 0, err
-    assert f"url=http://127.0.0.1:{port}" in out
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    assert f"url=http://127.0.0.1:{port}" in out.decode()
     assert not ready.exists()

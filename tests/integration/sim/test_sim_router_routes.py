@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
 
 from extproc.sim import Fleet
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -21,15 +21,16 @@ async def _load(http: aiohttp.ClientSession, url: str) -> int:
     return int(body["load"])
 
 
+async def _loaded(http: aiohttp.ClientSession, url: str, count: int) -> bool:
+    return await _load(http, url) >= count
+
+
 async def test_get_load_counts_the_requests_the_engine_holds(fleet: Fleet, http: aiohttp.ClientSession) -> None:
     url = fleet.replicas[0].url
     assert await _load(http, url) == 0
     body = {"model": "org/model:8b", "prompt": "a long answer please", "max_tokens": 400, "ignore_eos": True}
     requests = [asyncio.create_task(http.post(f"{url}/v1/completions", json=body)) for _ in range(3)]
-    deadline = time.monotonic() + 5
-    while await _load(http, url) < 3:
-        assert time.monotonic() < deadline, "the three requests never showed in /get_load"
-        await asyncio.sleep(0.01)
+    await eventually(lambda: _loaded(http, url, 3), "the three requests to show in /get_load")
     for response in await asyncio.gather(*requests):
         assert response.status == 200
         await response.read()

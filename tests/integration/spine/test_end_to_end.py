@@ -12,7 +12,8 @@ import pytest
 import pytest_asyncio
 
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, Stack, launch
+from extproc.bench.stack import SimPool, Stack
+from tests.support import launch_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -24,7 +25,7 @@ SMALL = SimPool("small", "org/small-1b", 1, aliases=("small",))
 async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup]]:
     workdir: Path = tmp_path_factory.mktemp("spine")
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch(group, workdir, [CHAT, SMALL], sim_args=["--stream-chunk-tokens", "2"]), group
+        yield await launch_stack(group, workdir, [CHAT, SMALL], sim_args=["--stream-chunk-tokens", "2"]), group
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

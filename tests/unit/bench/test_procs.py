@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -10,25 +9,13 @@ from pathlib import Path
 import pytest
 
 from extproc.bench.procs import (
-    ChildExited,
     ProcessGroup,
     cpu_seconds,
     self_cpu_seconds,
     wait_file,
-    wait_http_ok,
-    wait_port,
 )
 
-from .conftest import Server
-
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
-
-
-def _closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+SLEEPER = [sys.executable, "-c", "import signal; signal.pause()"]  # lives until signalled
 
 
 def _gone(pid: int) -> bool:
@@ -52,8 +39,8 @@ async def test_stop_all_ends_children(tmp_path: Path) -> None:
 async def test_child_ignoring_sigterm_is_killed_after_grace(tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     code = (
-        "import signal, time, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        f"pathlib.Path({str(ready)!r}).touch(); print('stubborn', flush=True); time.sleep(60)"
+        "import signal, pathlib; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        f"pathlib.Path({str(ready)!r}).touch(); print('stubborn', flush=True); signal.pause()"
     )
     async with ProcessGroup(tmp_path, grace_s=0.2) as group:
         child = await group.start("stubborn", [sys.executable, "-c", code])
@@ -77,7 +64,7 @@ async def test_context_manager_stops_children_on_error_and_cancel(tmp_path: Path
         async with ProcessGroup(tmp_path) as group:
             pids.append((await group.start("b", SLEEPER)).pid)
             started.set()
-            await asyncio.sleep(60)
+            await asyncio.Event().wait()  # until cancelled
 
     task = asyncio.create_task(bench())
     await started.wait()
@@ -96,24 +83,6 @@ async def test_env_and_log_file(tmp_path: Path) -> None:
         assert await child.process.wait() == 3
         assert group.get("printer") is child
     assert (tmp_path / "logs" / "printer.log").read_text() == "hello\n"
-
-
-async def test_wait_port(server: Server, tmp_path: Path) -> None:
-    await wait_port("127.0.0.1", server.port, 1.0)
-    await wait_http_ok(f"http://127.0.0.1:{server.port}/json", 1.0)
-    with pytest.raises(TimeoutError):
-        await wait_http_ok(f"http://127.0.0.1:{server.port}/status/503", 0.2)
-    async with ProcessGroup(tmp_path) as group:
-        doomed = await group.start("doomed", [sys.executable, "-c", "raise SystemExit(4)"])
-        with pytest.raises(ChildExited, match="exited with 4"):
-            await wait_port("127.0.0.1", _closed_port(), 5.0, child=doomed)
-
-
-async def test_wait_port_times_out_on_closed_port() -> None:
-    start = time.monotonic()
-    with pytest.raises(TimeoutError):
-        await wait_port("127.0.0.1", _closed_port(), 0.2)
-    assert time.monotonic() - start < 2.0
 
 
 async def test_wait_file_times_out(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from extproc.config import ConfigError, Policy, load_policy
 from extproc.config.watch import PolicyWatcher
+from tests.support import SteppedSleep
 
 ONE = """\
 pools:
@@ -17,6 +18,7 @@ pools:
     endpoints: ["127.0.0.1:8001"]
 """
 TWO = ONE.replace("8001", "8002")
+POLL_S = 1.0
 BAD = ONE + "  - name: Bad_Name\n    model: other\n    endpoints: [\"127.0.0.1:9\"]\n"
 
 
@@ -24,11 +26,19 @@ class Seen:
     def __init__(self) -> None:
         self.policies: list[Policy] = []
         self.errors: list[ConfigError] = []
+        self.settles: list[float] = []
 
-    def watcher(self, path: Path, **kwargs: object) -> PolicyWatcher:
+    async def sleep(self, delay: float) -> None:
+        """The watcher's injected sleep: its poll loop never wakes (these tests call `check` themselves), a
+        settle wait returns at once and is recorded."""
+        if delay == POLL_S:
+            await asyncio.Event().wait()
+        self.settles.append(delay)
+
+    def watcher(self, path: Path) -> PolicyWatcher:
         current = load_policy(path) if path.exists() else None
-        return PolicyWatcher(path, self.policies.append, self.errors.append, settle_s=0.02, current=current,
-                             **kwargs)  # type: ignore[arg-type]
+        return PolicyWatcher(path, self.policies.append, self.errors.append, POLL_S, settle_s=0.02,
+                             current=current, sleep=self.sleep)
 
     def endpoints(self) -> list[str]:
         return [p.pools[0].endpoints[0] for p in self.policies]
@@ -143,7 +153,7 @@ async def test_half_written_file_is_given_time_to_settle(tmp_path: Path) -> None
     try:
         path.write_text(TWO[: len(TWO) // 2])  # caught half written: missing endpoints
         assert await watcher.check()
-        assert len(loads) == 2
+        assert len(loads) == 2 and seen.settles == [0.02]  # parsed again after settle_s
         assert seen.errors == [] and seen.endpoints() == ["127.0.0.1:8002"]
     finally:
         await watcher.stop()
@@ -175,20 +185,20 @@ async def test_background_polling_and_a_failing_callback(tmp_path: Path, caplog:
         if len(calls) == 1:
             raise RuntimeError("swap failed")
 
-    watcher = PolicyWatcher(path, on_change, lambda error: None, interval_s=0.02, current=load_policy(path))
+    sleep = SteppedSleep()
+    watcher = PolicyWatcher(path, on_change, lambda error: None, interval_s=0.5, current=load_policy(path),
+                            sleep=sleep)
     await watcher.start()
     try:
+        await sleep.wait_parked()  # polls only after its interval
+        assert calls == []
         replace_atomically(path, TWO)
-        for _ in range(200):
-            if calls:
-                break
-            await asyncio.sleep(0.01)
-        replace_atomically(path, ONE)
-        for _ in range(200):
-            if len(calls) == 2:
-                break
-            await asyncio.sleep(0.01)
-        assert [p.pools[0].endpoints[0] for p in calls] == ["127.0.0.1:8002", "127.0.0.1:8001"]
+        await sleep.step()  # one poll: sees the change, the callback fails
+        assert [p.pools[0].endpoints[0] for p in calls] == ["127.0.0.1:8002"]
         assert f"policy watch of {path} failed" in caplog.text  # and still watching
+        replace_atomically(path, ONE)
+        await sleep.step()
+        assert [p.pools[0].endpoints[0] for p in calls] == ["127.0.0.1:8002", "127.0.0.1:8001"]
+        assert sleep.delays == [0.5] * 3
     finally:
         await watcher.stop()

@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import asyncio
-import socket
-
 import pytest
 
 from extproc.config.schema import DnsDiscovery, PoolConfig
-from extproc.endpoints.discovery import DnsDiscoverer, format_endpoint, getaddrinfo_resolver
+from extproc.endpoints.discovery import DnsDiscoverer, format_endpoint
+from tests.support import SteppedSleep
 
 
 def test_endpoint_formatting() -> None:
@@ -33,7 +31,7 @@ async def test_changes_are_published_and_failures_keep_the_last_set() -> None:
     assert discoverer.failures_total == 1
 
 
-async def test_loop_follows_pools_and_stops() -> None:
+async def test_loop_resolves_every_interval_follows_pools_and_stops() -> None:
     calls = 0
 
     async def resolver(name: str, port: int, family: int) -> list[str]:
@@ -41,20 +39,20 @@ async def test_loop_follows_pools_and_stops() -> None:
         calls += 1
         return ["10.0.0.1"]
 
-    published: dict[str, tuple[str, ...]] = {}
-    discoverer = DnsDiscoverer(published.__setitem__, resolver)
+    published: list[tuple[str, tuple[str, ...]]] = []
+    sleep = SteppedSleep()
+    discoverer = DnsDiscoverer(lambda pool, addresses: published.append((pool, addresses)), resolver, sleep=sleep)
     pool = PoolConfig(name="chat", model="m", discovery=DnsDiscovery(dns="svc", port=1, interval_s=0.5))
     discoverer.configure([pool])
-    await asyncio.sleep(0.05)
-    assert published == {"chat": ("10.0.0.1:1",)}
+    await sleep.wait_parked()  # resolved at once, then waits its interval
+    assert published == [("chat", ("10.0.0.1:1",))] and calls == 1
+    await sleep.step()
+    assert calls == 2 and len(published) == 1  # the same set is not published again
+    assert sleep.delays == [0.5, 0.5]
     discoverer.configure([])
     assert discoverer.addresses == {}
     await discoverer.stop()
-    assert calls == 1
-
-
-async def test_real_resolver_resolves_localhost() -> None:
-    assert "127.0.0.1" in await getaddrinfo_resolver("localhost", 80, socket.AF_INET)
+    assert calls == 2
 
 
 def test_pool_needs_exactly_one_source() -> None:

@@ -102,8 +102,8 @@ class FlowFleet:
 
     # -- the gateway's side ----------------------------------------------------------------------------
 
-    def _room(self, pool: str, now: float, reserve: float) -> Room:
-        return Room.of(self.load.room(node.endpoint, now, reserve) for node in self.nodes)
+    def _room(self, pool: str, now: float, reserve: float, enough: float) -> Room:
+        return Room.of((self.load.room(node.endpoint, now, reserve) for node in self.nodes), enough)
 
     def offer(self, request: GenRequest, klass: str) -> None:
         verdict = self.flow.offer("pool", "tenant", klass, len(request.prompt_ids) + len(request.output_ids))

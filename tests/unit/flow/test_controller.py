@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,7 +19,7 @@ class Fleet:
         self.room = room
         self.now = 100.0
 
-    def __call__(self, pool: str, now: float, reserve: float) -> Room:
+    def __call__(self, pool: str, now: float, reserve: float, enough: float) -> Room:
         return Room(self.room - reserve * self.BATCH, 0)
 
 
@@ -89,8 +90,14 @@ async def test_client_leaving_takes_its_place_out_at_once() -> None:
     flow = controller(fleet)
     ticket = flow.offer("p", "t", "critical", 10)
     assert isinstance(ticket, Ticket)
-    waiting = asyncio.create_task(ticket.wait())
-    await asyncio.sleep(0)
+    awaiting = asyncio.Event()
+
+    async def handler() -> Rejected | None:
+        awaiting.set()
+        return await ticket.wait()  # no suspension between the two lines: the test resumes once this waits
+
+    waiting = asyncio.create_task(handler())
+    await awaiting.wait()
     waiting.cancel()  # what the gRPC stream's cancellation does to the awaiting handler
     flow.leave(ticket)
     assert flow.queued("p") == 0
@@ -140,3 +147,22 @@ async def test_reserved_slots_let_a_higher_class_start_while_a_lower_one_waits()
     fleet.room = 1
     flow.kick("p")  # ranked first, the aged standard request still has no room; critical fits
     assert crit.granted and not std.granted
+
+
+def test_a_pools_room_is_counted_only_as_far_as_needed() -> None:
+    seen: list[float | None] = []
+
+    def rooms(values: list[float | None]) -> Iterator[float | None]:
+        for value in values:
+            seen.append(value)
+            yield value
+
+    assert Room.of(rooms([1.0, 2.0, 3.0, 4.0])) == Room(10.0, 0)  # exact without `enough`
+    seen.clear()
+    assert Room.of(rooms([0.0, 2.0, 3.0, 4.0]), enough=2.0) == Room(2.0, 0)
+    assert seen == [0.0, 2.0]
+    seen.clear()
+    assert Room.of(rooms([0.0, None, 3.0, None]), enough=5.0) == Room(math.inf, 1)  # unknown: unlimited
+    assert seen == [0.0, None]
+    assert Room.of(rooms([0.0, 0.0]), enough=1.0) == Room(0.0, 0)
+    assert Room.of(rooms([])) == Room(math.inf, 0)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+from extproc.endpoints import EndpointMetrics
 from extproc.gateway import RequestHead, Respond, Route
 from extproc.limits.types import AdmitRequest, AdmitResult
 from tests.unit.gateway.harness import Harness
@@ -269,3 +270,22 @@ def test_prompt_estimates_are_calibrated_per_pool_and_travel_raw_in_the_metadata
     assert (calibrated, sent) == (10 + 2 * raw, raw)  # reserved calibrated; the raw one goes to the access log
     off, _ = admitted_tokens(limited + "limits: {calibrate_prompt_tokens: false}\n", observe=True)
     assert off == raw
+
+
+def test_a_large_pool_is_sampled_but_the_one_endpoint_with_room_is_found() -> None:
+    for flow in ("true", "false"):
+        addresses = ", ".join(f'"10.0.2.{i + 1}:8000"' for i in range(40))
+        gateway = Harness(f"scheduling: {{max_candidates: 4}}\nflow_control: {{enabled: {flow}}}\n"
+                          f"pools: [{{name: big, model: m, max_num_seqs: 10, endpoints: [{addresses}]}}]\n")
+        pool = gateway.pool("big")
+        saturation = gateway.runtimes.current.policy.saturation
+        for i, endpoint in enumerate(pool.endpoints):  # every engine is full but #37
+            endpoint.scraped(EndpointMetrics(scraped_at=0.0, running=0 if i == 37 else 10), 0, saturation)
+        for _ in range(12):  # a new sample each time: rarely holding #37
+            exchange, _ = gateway.headers(head())
+            decision = gateway.body(exchange, json.dumps({"model": "m", "messages": [
+                {"role": "user", "content": "hello " * 100}]}).encode())
+            assert isinstance(decision, Route), flow
+            assert decision.endpoints[0] == "10.0.2.38:8000", flow
+            gateway.finish(exchange)
+        assert gateway.in_flight() == 0

@@ -16,6 +16,7 @@ from extproc.rollout import (
     RolloutStoreUnavailable,
 )
 from extproc.rollout.config import Backend, SplitConfig
+from tests.support import SteppedSleep
 from tests.unit.rollout.traffic import MODEL, FakeClock, PoolHealth, Traffic, split
 
 HEALTHY = {"v1": PoolHealth(error_rate=0.005), "v2": PoolHealth(error_rate=0.005)}
@@ -96,29 +97,32 @@ async def test_two_replicas_on_one_store_make_one_transition_per_step() -> None:
     assert replicas[0].current_weights(MODEL) == replicas[1].current_weights(MODEL) == {"v1": 0.0, "v2": 1.0}
 
 
-class YieldingStore:
-    """Suspends at every call, so concurrent replicas interleave between load and save."""
+class RacingStore:
+    """Holds the first save of each of `replicas` replicas until all of them have reached it: every replica
+    has read the same state and reached the same verdict before any of them writes."""
 
-    def __init__(self, inner: MemoryRolloutStore) -> None:
+    def __init__(self, inner: MemoryRolloutStore, replicas: int) -> None:
         self.inner = inner
         self.lost = 0
+        self._all_verdicts_in: asyncio.Barrier | None = asyncio.Barrier(replicas)
 
     async def load(self, model: str) -> RolloutState | None:
-        await asyncio.sleep(0)
         return await self.inner.load(model)
 
     async def save(self, state: RolloutState, expected_version: int) -> bool:
-        await asyncio.sleep(0)
+        barrier = self._all_verdicts_in
+        if barrier is not None:
+            async with asyncio.timeout(5):  # a bound: fewer replicas reaching a verdict fails the test
+                await barrier.wait()
+            self._all_verdicts_in = None
         won = await self.inner.save(state, expected_version)
         self.lost += not won
         return won
 
     async def add_outcomes(self, model: str, epoch: int, windows: Mapping[str, PoolWindow]) -> None:
-        await asyncio.sleep(0)
         await self.inner.add_outcomes(model, epoch, windows)
 
     async def load_outcomes(self, model: str, epoch: int) -> dict[str, PoolWindow]:
-        await asyncio.sleep(0)
         return await self.inner.load_outcomes(model, epoch)
 
     async def close(self) -> None:
@@ -127,8 +131,11 @@ class YieldingStore:
 
 async def test_simultaneous_verdicts_race_and_exactly_one_wins() -> None:
     clock = FakeClock()
-    store = YieldingStore(MemoryRolloutStore())
-    replicas = [await started(store, clock) for _ in range(3)]
+    inner = MemoryRolloutStore()
+    replicas = [await started(inner, clock) for _ in range(3)]
+    store = RacingStore(inner, len(replicas))
+    for replica in replicas:
+        replica._store = store  # from now on every save races
     traffic = Traffic(dict(HEALTHY))
     for _ in range(70):  # enough samples and past the hold, but nobody analysed yet
         traffic.second(replicas)
@@ -142,6 +149,25 @@ async def test_simultaneous_verdicts_race_and_exactly_one_wins() -> None:
     assert state is not None and (state.weight, state.version) == (25.0, 2)
     for replica in replicas:
         assert replica.current_weights(MODEL) == pytest.approx({"v1": 0.75, "v2": 0.25})
+
+
+async def test_the_background_loop_refreshes_every_interval() -> None:
+    clock = FakeClock()
+    store = MemoryRolloutStore()
+    sleep = SteppedSleep()
+    follower = Rollouts(store, [split()], clock=clock, refresh_interval_s=0.5, sleep=sleep)
+    await follower.start()
+    try:
+        await sleep.wait_parked()
+        assert follower.current_weights(MODEL) == pytest.approx({"v1": 0.95, "v2": 0.05})
+        leader = await started(store, clock)
+        await leader.promote(MODEL)  # another replica moves the rollout on
+        assert follower.current_weights(MODEL) == pytest.approx({"v1": 0.95, "v2": 0.05})
+        await sleep.step()  # one refresh interval later the follower has converged
+        assert follower.current_weights(MODEL) == pytest.approx({"v1": 0.75, "v2": 0.25})
+        assert sleep.delays == [0.5, 0.5]
+    finally:
+        await follower.stop()
 
 
 async def test_state_survives_a_restart_of_the_service() -> None:

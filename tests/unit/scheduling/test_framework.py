@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 
 import pytest
@@ -99,3 +100,33 @@ def test_registry_rejects_double_registration() -> None:
     with pytest.raises(PluginError, match="twice"):
         register_builtins(registry)
     assert "prefix-affinity-scorer" in registry.types()
+
+
+def test_a_large_pool_is_scheduled_over_its_nominees_and_a_sample() -> None:
+    scheduler = Scheduler(SchedulingConfig())
+    default = scheduler.profile("default")
+    endpoints = fleet(200)
+    prompts = [f"system prompt {g}: " + "policy text " * 40 + "question" for g in range(30)]
+    for g, prompt in enumerate(prompts):
+        whole = default.schedule(request(prompt, sequence=g), endpoints, 1)
+        chooser = random.Random(g)
+        sample = default.narrow(request(prompt, sequence=g), endpoints, 16, chooser)
+        assert 12 <= len(sample) <= 16  # 4 ranked homes, the rest a sample (which may hold them too)
+        # The prefix's home of the whole pool is always among them, and still wins on an idle pool.
+        assert whole[0] in sample
+        assert default.schedule(request(prompt, sequence=g), sample, 1) == whole
+    # Not larger than the limit: the pool itself.
+    assert default.narrow(request(prompts[0]), endpoints[:16], 16, random.Random(0)) is not None
+    assert list(default.narrow(request(prompts[0]), endpoints[:16], 16, random.Random(0))) == endpoints[:16]
+
+
+def test_a_deeper_match_learned_here_is_nominated() -> None:
+    scheduler = Scheduler(SchedulingConfig())
+    default = scheduler.profile("default")
+    endpoints = fleet(200)
+    conversation = "system: be brief. " + " user: hello there " * 60
+    served = endpoints[123]
+    default.observe(request(conversation), served)
+    follow_up = conversation + " assistant: hi " * 20 + " user: and then?"
+    for seed in range(10):
+        assert served in default.narrow(request(follow_up), endpoints, 8, random.Random(seed))

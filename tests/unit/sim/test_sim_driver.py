@@ -8,6 +8,7 @@ import pytest
 from extproc.sim.driver import EngineLoop, generate
 from extproc.sim.engine import Engine, GenRequest, RequestState
 from extproc.sim.profile import Profile
+from tests.support import eventually
 
 # Millisecond steps so real time stays short; one seat so ordering is observable.
 PROFILE = Profile(name="t", step_base_s=0.001, step_per_seq_s=0.0, prefill_per_token_s=0.0, max_num_seqs=1,
@@ -69,11 +70,7 @@ async def test_cancelled_while_waiting_leaves_the_queue(running: tuple[Engine, E
     blocker = asyncio.create_task(generate(engine, loop, request(10_000 // 20, "blocker"), 1, None))
     waiting = request(5, "w")
     task = asyncio.create_task(generate(engine, loop, waiting, 1, None))
-    for _ in range(1000):
-        if waiting in engine.waiting:
-            break
-        await asyncio.sleep(0.001)
-    assert waiting in engine.waiting
+    await eventually(lambda: waiting in engine.waiting, "the request queued behind the blocker")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

@@ -1,4 +1,9 @@
-"""A local aiohttp server (JSON, SSE, chunked, Connection: close, slow) and raw-socket servers for tests."""
+"""A local aiohttp server (JSON, SSE, chunked, Connection: close, hanging) and raw-socket servers for the bench
+client and load generator tests.
+
+Nothing here answers "later": a request that must stay in flight waits for a fact (N requests in flight at
+once, the test's `release`, the client going away). Only `/sse?delay=` paces tokens in time, for the tests
+whose subject is a timing (TTFT before the end of a stream)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ class ServerState:
     max_in_flight: int = 0
     disconnects: int = 0
     bodies: list[bytes] = field(default_factory=list)
+    release: asyncio.Event = field(default_factory=asyncio.Event)  # ends every /hang request
+    changed: asyncio.Condition = field(default_factory=asyncio.Condition)  # notified as requests arrive
 
 
 @dataclass
@@ -56,7 +63,11 @@ def build_app(state: ServerState) -> web.Application:
             state.in_flight -= 1
 
     async def json_handler(request: web.Request) -> web.Response:
-        await asyncio.sleep(float(request.query.get("delay", "0")))
+        together = int(request.query.get("together", "0"))
+        if together:  # answer only once `together` requests have been in flight at the same time
+            async with state.changed:
+                state.changed.notify_all()
+                await state.changed.wait_for(lambda: state.max_in_flight >= together)
         body = {"id": "x", "choices": [{"message": {"content": "hi"}}],
                 "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}}
         return web.json_response(body, headers={"x-sim-replica": "r1"})
@@ -68,12 +79,16 @@ def build_app(state: ServerState) -> web.Application:
 
     async def sse(request: web.Request) -> web.StreamResponse:
         n = int(request.query.get("n", "3"))
-        delay = float(request.query.get("delay", "0.02"))
+        delay = float(request.query.get("delay", "0"))
+        hang_after = int(request.query.get("hang_after", "-1"))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "x-sim-replica": "r2"})
         await resp.prepare(request)
         await resp.write(_sse({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
         for i in range(n):
-            await asyncio.sleep(delay)
+            if i == hang_after:
+                await state.release.wait()  # until the client goes away (or the test releases it)
+            if delay:
+                await asyncio.sleep(delay)  # simulated inter-token time: the timing a TTFT test measures
             await resp.write(_sse(_chunk(f"t{i}")))
         if request.query.get("usage", "1") == "1":
             await resp.write(_sse({"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": n}}))
@@ -97,8 +112,8 @@ def build_app(state: ServerState) -> web.Application:
         resp.force_close()
         return resp
 
-    async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(float(request.query.get("delay", "5")))
+    async def hang(request: web.Request) -> web.Response:
+        await state.release.wait()  # until the client goes away (or the test releases it)
         return web.Response(text="late")
 
     async def status(request: web.Request) -> web.Response:
@@ -111,7 +126,7 @@ def build_app(state: ServerState) -> web.Application:
     app.router.add_post("/sse", sse)
     app.router.add_get("/chunked-json", chunked_json)
     app.router.add_get("/close", close)
-    app.router.add_get("/slow", slow)
+    app.router.add_get("/hang", hang)
     app.router.add_get("/status/{code}", status)
     return app
 
@@ -145,13 +160,3 @@ async def raw_server() -> AsyncIterator[Callable[[RawHandler], Awaitable[int]]]:
     for srv in servers:
         srv.close()
         await srv.wait_closed()
-
-
-async def eventually(predicate: Callable[[], bool], timeout_s: float = 1.0) -> bool:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            return False
-        await asyncio.sleep(0.01)
-    return True
