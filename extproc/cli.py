@@ -188,6 +188,12 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
                "Canary rollout under load: a faulty canary rolled back, a healthy one promoted.",
                "Two simulated pools behind one split with a rollout, open-loop load until the rollout ends; "
                "prints the weight timeline, reaction times, error shares and CPU, and writes JSON."),
+    "autoscale": ("extproc.bench.autoscale", "run_autoscale",
+                  "A pool following a 0 -> 3x -> 0 load through our KEDA scaler, with KEDA + HPA simulated.",
+                  "A pool that starts at 0 (or N) replicas under a step/ramp load; a controller in the bench acts "
+                  "as KEDA + the HPA on our external scaler and starts simulator replicas after a cold start; "
+                  "reports replicas over time, TTFT per phase, held waits, errors, scale-up lags, flapping; JSON "
+                  "and PNG."),
     "failover": ("extproc.bench.failover", "run_failover",
                  "Kill 1 of N replicas under load: client errors, ejection and recovery times.",
                  "Kill one simulated replica under steady load, bring it back; report client errors, how fast "

@@ -13,14 +13,14 @@ import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["ErrorKind", "HttpClient", "RequestError", "Response"]
 
 ErrorKind = Literal["connect", "timeout", "reset", "protocol"]
 Headers = Sequence[tuple[str, str]] | Mapping[str, str]
 
-_CONTENT_KEYS = (b'"content"', b'"text"', b'"reasoning_content"', b'"arguments"')
+_CONTENT_KEYS = (b'"content"', b'"text"', b'"reasoning_content"', b'"arguments"', b'"delta"')  # delta: Responses
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
@@ -77,17 +77,17 @@ def _carries_content(payload: bytes) -> bool:
 
 
 def _usage(payload: bytes) -> tuple[int | None, int | None] | None:
-    """(prompt_tokens, completion_tokens) from a JSON object with a non-null `usage`, else None."""
+    """(prompt_tokens, completion_tokens) from a JSON object's non-null `usage` (or `response.usage`), else None."""
     j = _value_index(payload, b'"usage"')
     if j < 0 or payload[j] != 0x7B:  # '{'
         return None
     try:
-        usage = json.loads(payload).get("usage")
-    except (ValueError, AttributeError):
+        parsed = json.loads(payload)
+        usage: Any = parsed.get("usage") or (parsed.get("response") or {}).get("usage")
+        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # OpenAI's, else Anthropic's/Responses'
+        completion = usage.get("completion_tokens", usage.get("output_tokens"))
+    except (ValueError, AttributeError):  # not JSON, or no usage object
         return None
-    if not isinstance(usage, dict):
-        return None
-    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens")
     return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
 
 

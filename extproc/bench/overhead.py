@@ -79,6 +79,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", default="1",
                         help="service processes (service.workers) of the first store's variant; several, "
                              "comma-separated (1,2), each get their own service and Envoy in the same run")
+    parser.add_argument("--tracing", type=float, default=None, metavar="RATIO",
+                        help="also run the first store with tracing on at this sample ratio (Envoy's tracer too), "
+                             "exporting to an OTLP receiver in this process, and print its cost over tracing off "
+                             "in the same run (needs the tracing extra)")
     parser.add_argument("--trivial", choices=["on", "off"], default="on",
                         help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
                              "same Envoy configuration: the floor that grpc.aio and the event loop cost")
@@ -146,7 +150,7 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
 
 
 def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, direct_port: int,
-            redis_port: int, workers: int) -> Path:
+            redis_port: int, workers: int, tracing: float | None = None) -> Path:
     grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
     if workers > 1:  # the supervisor's admin port, its workers' right after it
         admin_port = free_port_block(workers + 1)
@@ -162,6 +166,9 @@ def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, dire
                                 "slices": args.slices == "on"}
     if args.guard != "none" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules(args.guard)}
+    if tracing is not None:
+        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing,
+                                 "otlp_endpoint": f"127.0.0.1:{args.otlp_port}"}
     path = workdir / f"policy-{name}.yaml"
     path.write_text(yaml.safe_dump(policy_doc))
     return path
@@ -178,8 +185,12 @@ class Target:
     admin: str | None = None
 
 
-def _variants(args: argparse.Namespace) -> list[tuple[str, str, int]] | str:
-    """(variant name, store, workers) per service to start, or an error message."""
+Variant = tuple[str, str, int, float | None]  # name, store, workers, tracing sample ratio (None: off)
+TRACED = "+tracing"
+
+
+def _variants(args: argparse.Namespace) -> list[Variant] | str:
+    """(variant name, store, workers, tracing) per service to start, or an error message."""
     stores = [name.strip() for name in args.store.split(",") if name.strip()]
     if not stores or any(name not in ("none", "memory", "redis") for name in stores) or len(set(stores)) < len(stores):
         return f"--store takes distinct values among none, memory, redis; got {args.store!r}"
@@ -189,20 +200,25 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str, int]] | str:
         workers = []
     if not workers or workers[0] < 1:
         return f"--workers takes positive integers, comma-separated; got {args.workers!r}"
+    if args.tracing is not None and not 0 <= args.tracing <= 1:
+        return f"--tracing takes a sample ratio in [0, 1]; got {args.tracing}"
     single = len(stores) == 1 and len(workers) == 1
-    variants = [(f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0]) for store in stores]
-    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n) for n in workers[1:]]
+    variants: list[Variant] = [(f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None)
+                               for store in stores]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None) for n in workers[1:]]
+    if args.tracing is not None:
+        variants.append((variants[0][0] + TRACED, stores[0], workers[0], args.tracing))
     if args.trivial == "on":
-        variants.append(("trivial", "trivial", 1))
+        variants.append(("trivial", "trivial", 1, None))
     return variants
 
 
-async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: tuple[str, str, int],
+async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: Variant,
                  first: bool, ports: tuple[int, int, int]) -> Target:
-    name, store, workers = variant
+    name, store, workers, tracing = variant
     direct_port, bare_port, redis_port = ports
-    policy_path = _policy(workdir, name.replace("[", "-").replace("]", ""), store, args, direct_port, redis_port,
-                          workers)
+    policy_path = _policy(workdir, name.replace("[", "-").replace("]", "").replace("+", "-"), store, args,
+                          direct_port, redis_port, workers, tracing)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
     bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
@@ -247,7 +263,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
     if isinstance(variants, str):
         print(variants, file=sys.stderr)
         return 2
-    stores = {store for _, store, _ in variants}
+    stores = {variant[1] for variant in variants}
     direct_port, bare_port, redis_port = free_ports(3)
     ports = (direct_port, bare_port, redis_port)
     _spec = _request_spec(args.prompt_chars)
@@ -255,6 +271,12 @@ async def run_overhead(args: argparse.Namespace) -> int:
                               "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
+    sink = None
+    if args.tracing is not None:
+        from extproc.bench.otlp_sink import OtlpSink
+
+        sink = OtlpSink()
+        args.otlp_port = await sink.start()
     async with ProcessGroup(workdir / "logs") as group:
         if "redis" in stores:
             await start_redis(group, ports[2], args.redis_server)
@@ -347,6 +369,15 @@ async def run_overhead(args: argparse.Namespace) -> int:
                       for q in ("p50", "p99")}
         report["redis_minus_memory_ms"] = difference
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
+    traced = variants[0][0] + TRACED
+    if traced in added and variants[0][0] in added:
+        report["tracing_minus_off_ms"] = {q: round(added[traced][q] - added[variants[0][0]][q], 3)
+                                          for q in ("p50", "p99")}
+        report["spans_exported"] = sink.spans if sink is not None else 0
+        print(f"tracing at ratio {args.tracing} over tracing off, same run: p50 {report['tracing_minus_off_ms']['p50']}"
+              f" ms, p99 {report['tracing_minus_off_ms']['p99']} ms ({report['spans_exported']} spans exported)")
+    if sink is not None:
+        await sink.stop()
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")

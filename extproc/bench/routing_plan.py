@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.agents import agents_workload
 from extproc.bench.overload import DEFAULT_LOADS as OVERLOAD_LOADS
 from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
 from extproc.bench.peers import PEERS
@@ -39,8 +40,10 @@ __all__ = ["BASE_PROFILE", "DEFAULT_STRATEGIES", "WORKLOADS", "Layout", "Plan", 
            "make_plan", "sim_profile"]
 
 DEFAULT_STRATEGIES = "envoy-round-robin,envoy-least-request,default"
-WORKLOADS = ("shared-prefix", "multi-turn", "mixed", "mixed-models", "drift", "overload")
+WORKLOADS = ("shared-prefix", "multi-turn", "agents", "mixed", "mixed-models", "drift", "overload")
 DEFAULT_LOADS = "0.4,0.8"
+# Workloads whose capacity is not measured (bodies other than chat completions), with their default rates.
+QPS_ONLY = {"agents": "8,24,48"}
 CHAT_MODEL = "llama-3.1-8b-instruct"
 CODE_MODEL = "qwen2.5-coder-7b"
 ADAPTERS = ("sql-lora", "summarize-lora", "support-lora")
@@ -71,6 +74,8 @@ def layout_for(name: str, endpoints: int, shape: PrefixShape | None = None) -> L
     if name == "multi-turn":
         return Layout((SimPool("chat", CHAT_MODEL, endpoints),), lambda seed, _: multi_turn_workload(CHAT_MODEL,
                                                                                                     seed=seed))
+    if name == "agents":
+        return Layout((SimPool("chat", CHAT_MODEL, endpoints),), lambda seed, _: agents_workload(CHAT_MODEL, seed=seed))
     if name == "mixed":
         one = (MixedPool("chat", CHAT_MODEL, 1.0, documents=MIXED_DOCUMENTS),)
         return Layout((SimPool("chat", CHAT_MODEL, endpoints),), lambda seed, _: mixed_workload(one, seed=seed))
@@ -97,7 +102,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="shared-prefix: long system prompts x many questions (shape below); drift: the same with "
                              "a Zipf hot set that moves to the cold half of the prompts halfway through the measured "
                              "run; multi-turn: conversations of 5-10 rounds whose history grows, 8 users per each of "
-                             "12 system prompts; mixed: one pool, long prompts after 48 shared documents, long one-off "
+                             "12 system prompts; agents: the same as coding-agent sessions over Anthropic "
+                             "Messages (Claude Code) and Responses (Agents SDK): tools, tool calls and results, "
+                             "screenshots; mixed: one pool, long prompts after 48 shared documents, long one-off "
                              "prompts and short ones; mixed-models: the same over two models with LoRA adapters on "
                              "one (no peers); overload: three priority classes and unequal tenants offered multiples "
                              "of the fleet's capacity (see --loads) (default %(default)s)")
@@ -208,11 +215,17 @@ def make_plan(args: argparse.Namespace) -> Plan:
         raise ValueError("give --loads or --qps, not both")
     profile = load_profile(BASE_PROFILE)
     replicas = {p.name: p.replicas for p in layout.pools}
-    capacity = measure_capacity(layout.workload(args.seed, None), profile, replicas)
     rates: list[tuple[float, float | None]]
-    if args.qps is not None:
+    if args.workload in QPS_ONLY:  # its Messages / Responses bodies are not measured: rates are given
+        if args.loads is not None:
+            raise ValueError(f"the {args.workload} workload takes --qps (its capacity is not measured), not --loads")
+        capacity = None
+        rates = [(float(q), None) for q in csv(args.qps or QPS_ONLY[args.workload])]
+    elif args.qps is not None:
+        capacity = measure_capacity(layout.workload(args.seed, None), profile, replicas)
         rates = [(float(q), None) for q in csv(args.qps)]
     else:
+        capacity = measure_capacity(layout.workload(args.seed, None), profile, replicas)
         rates = [(round(float(x) * capacity.rps, 2), float(x)) for x in csv(args.loads or DEFAULT_LOADS)]
     if not rates or min(rate for rate, _ in rates) <= 0:
         raise ValueError("--qps and --loads need positive values")
@@ -240,5 +253,6 @@ def make_plan(args: argparse.Namespace) -> Plan:
     profile_path.write_text(yaml.safe_dump(sim_profile(kv_blocks), sort_keys=False))
     return Plan(args.workload, layout, strategies, tuple(rates),
                 tuple(range(args.seed, args.seed + args.repeat)), duration, warmup, kv_blocks, sizing,
-                capacity.describe(), out, workdir, profile_path, args.stream_chunk_tokens, args.replicas,
+                capacity.describe() if capacity else {"rps": None, "rule": "not measured", "pools": {}}, out,
+                workdir, profile_path, args.stream_chunk_tokens, args.replicas,
                 args.fleet_sync_ms, 0.5 if args.slo_ttft is None else args.slo_ttft, args.client_timeout)

@@ -82,6 +82,7 @@ class SimPool:
     lora: tuple[str, ...] = ()
     profile: str = "default"  # scheduling profile of the pool in the policy
     max_num_seqs: int | None = None  # the engines' seats, told to the policy (None: learned)
+    options: tuple[tuple[str, Any], ...] = ()  # more `pools[]` keys of the policy, e.g. cold_start_timeout_s
 
 
 @dataclass
@@ -124,7 +125,7 @@ def build_policy(
         "pools": [
             {"name": p.name, "model": p.model, "aliases": list(p.aliases), "lora_adapters": list(p.lora),
              "profile": p.profile, "endpoints": [f"127.0.0.1:{port}" for port in sim_ports[p.name]],
-             **({"max_num_seqs": p.max_num_seqs} if p.max_num_seqs is not None else {})}
+             **({"max_num_seqs": p.max_num_seqs} if p.max_num_seqs is not None else {}), **dict(p.options)}
             for p in pools
         ],
         **(extra or {}),

@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from extproc.autoscale.config import AutoscalingConfig
 from extproc.endpoints.config import DnsDiscovery, HealthPolicy, SaturationConfig, ScrapeConfig
 from extproc.flow.config import FlowControlConfig
 from extproc.guard.config import GuardConfig
@@ -24,10 +25,11 @@ from extproc.scheduling.config import (
     ProfileConfig,
     SchedulingConfig,
 )
+from extproc.telemetry.tracing_config import TracingConfig
 
 # Every section's model, importable from here (each is defined once, in the package that owns the section).
 __all__ = [
-    "BUILTIN_PROFILES", "AuditConfig", "AuthConfig", "BoundsConfig", "DnsDiscovery", "EnvoyConfig",
+    "BUILTIN_PROFILES", "AuditConfig", "AuthConfig", "AutoscalingConfig", "BoundsConfig", "DnsDiscovery", "EnvoyConfig",
     "FlowControlConfig", "GuardConfig", "HealthPolicy", "LimitsConfig", "PluginConfig", "PluginRef", "Policy",
     "PoolConfig", "ProfileConfig", "RedisTls", "RolloutPolicy", "SaturationConfig", "SchedulingConfig",
     "ScrapeConfig", "ServiceConfig", "TierConfig", "TierLimits", "parse_endpoint",
@@ -195,6 +197,26 @@ class PoolConfig(Strict):
     max_num_seqs: int | None = Field(default=None, ge=1, le=100_000,
                                      description="the engines' --max-num-seqs: at most this many requests per endpoint "
                                                  "before flow control holds them (default: learned from the engines)")
+    image_tokens: int = Field(default=1024, ge=0, le=100_000,
+                              description="prompt tokens one image part is estimated to cost on this pool's model")
+    audio_tokens: int = Field(default=750, ge=0, le=100_000,
+                              description="prompt tokens one audio part is estimated to cost on this pool's model")
+    cold_start_timeout_s: float = Field(default=0.0, ge=0, le=3600,
+                                        description="the pool may have no ready endpoint (scaled to zero): its "
+                                                    "requests wait up to this long for the first one (0 = 503 at once)")
+    target_per_replica: float | None = Field(default=None, gt=0, le=100_000,
+                                             description="autoscaling.target_per_replica for this pool")
+    lora_paths: dict[str, str] = Field(default_factory=dict,
+                                       description="adapters loaded on demand: name -> the path engines load it "
+                                                   "from (each one of lora_adapters)")
+    max_adapters_per_endpoint: int = Field(default=4, ge=1, le=1000,
+                                           description="adapters loaded on demand per endpoint; beyond it the "
+                                                       "least recently used one is unloaded first")
+    lora_load_timeout_s: float = Field(default=30.0, gt=0, le=600,
+                                       description="how long a request waits for its adapter to be loaded")
+    sleep_after_idle_s: float = Field(default=0.0, ge=0, le=86_400,
+                                      description="engines idle this long are put to sleep (vLLM sleep mode) and "
+                                                  "woken when a request needs one (0 = never)")
 
     @model_validator(mode="after")
     def _one_source(self) -> PoolConfig:
@@ -215,10 +237,16 @@ class PoolConfig(Strict):
 class Policy(Strict):
     """The whole policy file."""
 
+    def longest_wait_s(self) -> float:
+        """The longest a request may be held: its class's wait, a cold pool's start, an adapter's load."""
+        waits = [p.lora_load_timeout_s for p in self.pools if p.lora_paths]
+        if self.flow_control.enabled:
+            waits += [self.flow_control.longest_wait_s(), *(p.cold_start_timeout_s for p in self.pools)]
+        return max(waits, default=0.0)
+
     def _longest_decision_s(self) -> float:
         """The longest a request may wait for its ext_proc decision (queued + the reply's timeout)."""
-        longest = self.flow_control.longest_wait_s() if self.flow_control.enabled else 0.0
-        return longest + self.envoy.message_timeout_ms / 1000
+        return self.longest_wait_s() + self.envoy.message_timeout_ms / 1000
 
     def request_timeout_s(self) -> float:
         """envoy.request_timeout_s, or its default: 60 s, more if a decision may take longer (+30 s)."""
@@ -237,6 +265,8 @@ class Policy(Strict):
     saturation: SaturationConfig = SaturationConfig()
     audit: AuditConfig = AuditConfig()
     guard: GuardConfig = GuardConfig()
+    tracing: TracingConfig = TracingConfig()
+    autoscaling: AutoscalingConfig = AutoscalingConfig()
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"default": TierConfig()})
     pools: tuple[PoolConfig, ...] = Field(min_length=1)
 
@@ -279,6 +309,20 @@ class Policy(Strict):
             raise ValueError("envoy.failure_mode_allow needs envoy.fallback_pool naming a pool (where requests go "
                              "when the service is bypassed)")
         for pool in self.pools:
+            if pool.cold_start_timeout_s > 0:
+                if not self.flow_control.enabled or not self.scheduling.scrape.enabled:
+                    raise ValueError(f"pool {pool.name!r}: cold_start_timeout_s holds requests in flow control until "
+                                     "a scrape finds an endpoint ready: it needs flow_control.enabled and "
+                                     "scheduling.scrape.enabled")
+                if pool.backup_pool is not None:
+                    raise ValueError(f"pool {pool.name!r}: cold_start_timeout_s (wait for this pool's first "
+                                     "endpoint) and backup_pool (send elsewhere at once) exclude each other")
+            unknown = sorted(set(pool.lora_paths) - set(pool.lora_adapters))
+            if unknown:
+                raise ValueError(f"pool {pool.name!r}: lora_paths names adapters not in lora_adapters: {unknown}")
+            if pool.sleep_after_idle_s > 0 and pool.cold_start_timeout_s <= 0:
+                raise ValueError(f"pool {pool.name!r}: sleep_after_idle_s needs cold_start_timeout_s (how long a "
+                                 "request waits while an engine wakes up)")
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
         timeout = self.envoy.request_timeout_s

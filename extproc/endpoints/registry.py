@@ -32,6 +32,8 @@ class Endpoint:
     in_flight_at_scrape: int = 0  # in_flight when `metrics` was fetched (the since-scrape delta)
     others_in_flight: int = 0  # other service replicas' in-flight requests here (extproc.server.fleet)
     engine: EngineState = field(default_factory=EngineState)
+    asleep: bool = False  # vLLM sleep mode: asleep, going to sleep or waking (extproc.endpoints.sleep)
+    adapters: frozenset[str] = frozenset()  # LoRA adapters loaded, as last seen (extproc.endpoints.adapters)
 
     def lease(self, tokens: int = 0) -> Lease:
         """A request routed here: counted in flight until the lease is released."""

@@ -30,7 +30,7 @@ GO: Final = "go"
 # Queued requests expire this much before their class's max_wait_s (at most 10% of it), so that
 # event-loop lag on a busy process does not push a wait past the limit.
 EXPIRY_MARGIN_S: Final = 0.05
-Reason = Literal["saturated", "queue_full", "displaced", "timeout", "left"]
+Reason = Literal["saturated", "queue_full", "displaced", "timeout", "cold_start", "adapter_unavailable", "left"]
 
 
 class TimerHandle(Protocol):
@@ -51,6 +51,9 @@ class Room:
 
     requests: float  # math.inf: no limit known
     stale: int = 0  # usable endpoints whose metrics were missing or stale
+    # > 0: the pool has no ready endpoint by design (it scales from zero); requests wait up to this long for
+    # its first one, whatever their class.
+    cold_s: float = 0.0
 
     @classmethod
     def of(cls, rooms: Iterable[float | None], enough: float = math.inf) -> Room:
@@ -85,12 +88,13 @@ class Ticket(Waiter):
     """A queued request, as its pool's queue holds it. `await ticket.wait()` -> None when granted, or
     the `Rejected`."""
 
-    __slots__ = ("_future", "_outcome", "_timer", "consumed", "pool", "settled")
+    __slots__ = ("_future", "_outcome", "_timer", "cold", "consumed", "pool", "settled")
 
     def __init__(self, pool: str, tenant: str, klass: str, priority: int, weight: float, tokens: int,
                  enqueued: float, deadline: float) -> None:
         super().__init__(tenant, klass, priority, weight, tokens, enqueued, deadline)
         self.pool = pool
+        self.cold = False  # held because its pool had no ready endpoint
         self._future: asyncio.Future[Rejected | None] | None = None  # made by the first wait()
         self._outcome: Rejected | None = None
         self._timer: TimerHandle | None = None
@@ -165,6 +169,9 @@ class FlowController:
         self._timer = timer
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
+        # Called with the pool's name when a request is held for a pool without a ready endpoint (a rare path:
+        # the autoscaler and the sleep manager learn at once that the pool must wake up).
+        self.cold_listeners: list[Callable[[str], None]] = []
 
     @property
     def config(self) -> FlowControlConfig:
@@ -189,11 +196,12 @@ class FlowController:
         room = self._room(pool_name, now, spec.reserve, pool.pending + 1.0)
         if room.stale:
             pool.stale_decisions += 1
-        pool.saturated = room.requests - pool.pending <= 0
+        pool.saturated = room.cold_s > 0 or room.requests - pool.pending <= 0
         if not pool.saturated and not self._ahead(pool, spec.priority, spec.reserve):
             pool.stats(klass).direct += 1
             return GO
-        if spec.max_wait_s <= 0:
+        wait_s = max(spec.max_wait_s, room.cold_s)
+        if wait_s <= 0:
             return self._rejected(pool, klass, "saturated", 0.0)
         if len(pool.queue) >= self.config.max_queued:
             lowest = pool.queue.lowest()
@@ -201,11 +209,14 @@ class FlowController:
                 return self._rejected(pool, klass, "queue_full", 0.0)
             self._evict(pool, lowest, now)
         ticket = Ticket(pool_name, tenant, klass, spec.priority, max(weight, 1e-6), max(1, tokens), now,
-                        now + spec.max_wait_s)
-        ticket.arm(self._timer, max(0.0, spec.max_wait_s - min(EXPIRY_MARGIN_S, 0.1 * spec.max_wait_s)),
-                   self._expire)
+                        now + wait_s)
+        ticket.cold = room.cold_s > 0
+        ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
         pool.stats(klass).queued += 1
+        if ticket.cold:
+            for listener in self.cold_listeners:
+                listener(pool_name)
         return ticket
 
     def routed(self, ticket: Ticket) -> None:
@@ -290,7 +301,7 @@ class FlowController:
         waited = self._clock() - ticket.enqueued
         if self._observe_wait is not None:
             self._observe_wait(ticket.klass, waited)
-        ticket.settle(self._rejected(pool, ticket.klass, "timeout", waited))
+        ticket.settle(self._rejected(pool, ticket.klass, "cold_start" if ticket.cold else "timeout", waited))
 
     def _evict(self, pool: _Pool, ticket: Ticket, now: float) -> None:
         pool.queue.remove(ticket)
@@ -301,7 +312,8 @@ class FlowController:
         stats.rejected[reason] = stats.rejected.get(reason, 0) + 1
         stats.max_wait_s = max(stats.max_wait_s, waited)
         spec = self.config.classes.get(klass)
-        status = spec.reject_status if spec is not None else 503
+        # No endpoint came up in time: a capacity failure, never the client's rate (always 503).
+        status = spec.reject_status if spec is not None and reason != "cold_start" else 503
         return Rejected(klass, reason, status, self.config.retry_after_s, waited)
 
     # -- introspection -----------------------------------------------------------------------------

@@ -29,10 +29,15 @@ class Authenticator:
                 raise unauthorized(f"Missing {config.tenant_header} from the upstream authenticator")
             tier = head.headers.get(config.tier_header, "default").strip()
             return Tenant(name[:128], tier if tier in tiers else "default", frozenset())
-        authorization = head.headers.get("authorization", "")
-        scheme, _, key = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise unauthorized("You didn't provide an API key. Provide it as 'Authorization: Bearer KEY'.")
+        authorization = head.headers.get("authorization")
+        if authorization is not None:  # it decides when present, whatever x-api-key says
+            scheme, _, key = authorization.partition(" ")
+            key = key if scheme.lower() == "bearer" else ""
+        else:  # Anthropic's header (its SDKs and Claude Code send it)
+            key = head.headers.get("x-api-key", "")
+        if not key.strip():
+            raise unauthorized("You didn't provide an API key. Provide it as 'Authorization: Bearer KEY' "
+                               "(or 'x-api-key: KEY').")
         tenant = self.keys.authenticate(key.strip())
         if tenant is None:
             raise unauthorized("Incorrect API key provided.")

@@ -52,7 +52,7 @@ def build_gateway(runtimes: RuntimeHolder, metrics: GatewayMetrics, *, authentic
         authenticate=Authenticate(authenticator, tenants, metrics, clock),
         resolve=Resolve(calibration, metrics, cpu_clock, rollouts),
         admit=Admit(tenants, metrics, wall_clock, clock),
-        gate=Gate(flow, metrics),
+        gate=Gate(flow, metrics, health),
         schedule=Schedule(health, metrics, clock),
         finish=Finish(tenants, flow, metrics, clock),
     )

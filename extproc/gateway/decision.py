@@ -25,7 +25,7 @@ from extproc.gateway.schedule import Schedule
 from extproc.gateway.tenant_gate import TenantGate
 from extproc.gateway.types import Decision, RequestHead, Respond
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation
-from extproc.openai import ApiError
+from extproc.openai import ApiError, api_for_path
 from extproc.openai import errors as oai
 from extproc.scheduling import Explanation
 from extproc.telemetry import GatewayMetrics
@@ -64,7 +64,7 @@ class Gateway:
         try:
             caller = self.stages.authenticate(self.runtimes.current, head, exchange.request_id, tenant)
         except ApiError as error:
-            return exchange, refusal(exchange, error)
+            return exchange, refusal(exchange, error, api_for_path(head.path))
         if isinstance(caller, Respond):
             exchange.outcome = "models"
             return exchange, caller
@@ -84,6 +84,11 @@ class Gateway:
                 result = yield ask
                 assert isinstance(result, AdmitResult)
                 exchange.admitted = stages.admit.decide(caller, ask, result)
+            loading = stages.gate.adapter(caller, resolved, self._clock())
+            if loading is not None:  # its LoRA adapter is loaded on demand: wait for it first
+                outcome = yield loading
+                assert outcome is None or isinstance(outcome, Rejected)
+                stages.gate.granted(resolved, outcome)
             ticket = exchange.ticket = stages.gate.offer(caller, resolved)
             if ticket is not None:
                 outcome = yield ticket
@@ -141,7 +146,7 @@ class Gateway:
                 exchange.resolved = self.stages.resolve(exchange.caller, body, self._cpu_clock(), counting=False)
                 decision = self.stages.schedule(exchange.caller, exchange.resolved, None, explanation).route
             except ApiError as error:
-                decision = error_response(error)
+                decision = error_response(error, api=exchange.caller.api)
         resolved = exchange.resolved
         runtime = exchange.runtime or self.runtimes.current
         result: dict[str, Any] = {"config_version": runtime.version,

@@ -33,6 +33,10 @@ def overloaded(rejected: Rejected) -> ApiError:
     seconds = str(max(1, math.ceil(rejected.retry_after_s)))
     if rejected.reason == "timeout":
         message = f"The model is overloaded: no capacity within {rejected.waited_s:.1f}s; retry later"
+    elif rejected.reason == "cold_start":
+        message = f"The model is starting: no replica became ready within {rejected.waited_s:.1f}s; retry later"
+    elif rejected.reason == "adapter_unavailable":
+        message = "The requested adapter could not be loaded in time; retry later"
     elif rejected.reason == "queue_full":
         message = "The model is overloaded and its queue is full; retry later"
     elif rejected.reason == "displaced":

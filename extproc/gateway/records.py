@@ -23,10 +23,15 @@ from extproc.gateway.types import RequestHead, Respond, Route
 from extproc.gateway.usage import encode_reservation
 from extproc.limits.types import LimitState, Reservation
 from extproc.openai import Api, ApiError, InferenceRequest
+from extproc.openai.apis import SHAPES
 from extproc.tenants import ANONYMOUS, Tenant
 
 __all__ = ["JSON_HEADERS", "Admitted", "Caller", "Exchange", "RequestIds", "Resolved", "Routed", "error_response",
-           "refusal", "route_metadata", "who"]
+           "refusal", "route_metadata", "trace_attributes", "who"]
+
+# gen_ai.operation.name per API (OpenTelemetry GenAI semantic conventions); other APIs use their own name.
+_OPERATIONS = {Api.CHAT: "chat", Api.MESSAGES: "chat", Api.RESPONSES: "chat", Api.COMPLETIONS: "text_completion",
+               Api.EMBEDDINGS: "embeddings"}
 
 JSON_HEADERS = (("content-type", "application/json"),)
 
@@ -113,9 +118,11 @@ class Exchange:
         return self.caller.runtime if self.caller is not None else None
 
 
-def error_response(error: ApiError, metadata: dict[str, Any] | None = None) -> Respond:
-    return Respond(error.status, error.body(), JSON_HEADERS + error.headers, details=error.code or error.type,
-                   metadata=metadata)
+def error_response(error: ApiError, metadata: dict[str, Any] | None = None, api: Api | None = None) -> Respond:
+    """The refusal in the API's own error shape (Anthropic's on the Messages path, else OpenAI's)."""
+    anthropic = api is not None and SHAPES[api].anthropic_errors
+    return Respond(error.status, error.body(anthropic), JSON_HEADERS + error.headers,
+                   details=error.code or error.type, metadata=metadata)
 
 
 def who(caller: Caller, resolved: Resolved | None = None) -> dict[str, Any]:
@@ -143,10 +150,38 @@ def route_metadata(caller: Caller, resolved: Resolved, pool: str, admitted: Admi
     return meta
 
 
-def refusal(exchange: Exchange, error: ApiError) -> Respond:
-    """The exchange ends with `error`, OpenAI-shaped, before reaching any model."""
+def refusal(exchange: Exchange, error: ApiError, api: Api | None = None) -> Respond:
+    """The exchange ends with `error`, in its API's shape, before reaching any model (`api`: the path's, when
+    the caller is not known yet)."""
     exchange.outcome = f"rejected_{error.status}"
     exchange.status = error.status
     caller = exchange.caller
     meta = who(caller, exchange.resolved) if caller is not None else {"request_id": exchange.request_id}
-    return error_response(error, meta)
+    return error_response(error, meta, caller.api if caller is not None else api)
+
+
+def trace_attributes(exchange: Exchange, now: float) -> dict[str, Any]:
+    """What a decision span records of the exchange (GenAI conventions where they apply, else `extproc.*`)."""
+    attributes: dict[str, Any] = {"extproc.request_id": exchange.request_id, "extproc.outcome": exchange.outcome,
+                                  "http.response.status_code": exchange.status}
+    caller = exchange.caller
+    if caller is not None:
+        attributes.update({"gen_ai.operation.name": _OPERATIONS.get(caller.api, caller.api.value),
+                           "gen_ai.provider.name": "vllm", "extproc.api": caller.api.value,
+                           "extproc.tenant": caller.tenant.name, "extproc.priority_class": caller.klass or None})
+    resolved = exchange.resolved
+    if resolved is not None:
+        request = resolved.request
+        attributes.update({"gen_ai.request.model": request.model, "gen_ai.request.max_tokens": request.output_tokens,
+                           "extproc.pool": resolved.pool.name, "extproc.profile": resolved.pool.profile,
+                           "extproc.prompt_tokens_estimate": resolved.prompt_tokens,
+                           "extproc.reserved_tokens": resolved.tokens if exchange.admitted is not None else None,
+                           "extproc.stream": request.stream})
+    routed = exchange.routed
+    if routed is not None:
+        attributes.update({"extproc.pool": routed.pool, "server.address": routed.route.endpoints[0],
+                           "extproc.fallbacks": ",".join(routed.route.endpoints[1:]),
+                           # From the request headers to the pick: parsing, limits and any admission queue wait.
+                           "extproc.decision_ms": round((routed.at - exchange.started) * 1000, 3)})
+    attributes["extproc.exchange_ms"] = round((now - exchange.started) * 1000, 3)
+    return attributes

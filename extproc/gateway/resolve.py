@@ -15,6 +15,7 @@ from extproc.gateway.calibration import PromptCalibration
 from extproc.gateway.records import Caller, Resolved
 from extproc.openai import cap_output_tokens, decode_json, parse_document, requested_model
 from extproc.openai import errors as oai
+from extproc.openai.apis import SHAPES
 from extproc.openai.tokens import estimate_chars
 from extproc.rollout.config import SplitConfig
 from extproc.rollout.controller import Rollouts
@@ -56,12 +57,16 @@ class Resolve:
         if capped is not None:
             request, changed = capped, True
         estimate = estimate_chars(len(request.prompt_text) + request.extra_prompt_chars)
+        if request.images or request.audios:  # media are not text: a per-part figure of the pool's model
+            estimate += request.images * pool.image_tokens + request.audios * pool.audio_tokens
         prompt = reserved = estimate
         if limits.calibrate_prompt_tokens:  # the fit for scheduling; its upper bound for reservations
             prompt = self.calibration.tokens(pool.name, estimate)
             reserved = self.calibration.tokens(pool.name, estimate, limits.prompt_reserve_sd)
         output = request.output_tokens
         tokens = reserved + (output if output is not None else limits.default_output_tokens * request.sequences)
+        if not SHAPES[request.api].engine_work:  # the tokenizer only: nothing a token budget counts
+            tokens = 0
         return Resolved(request, pool, changed, estimate, prompt, tokens)
 
     def _within_budget(self, caller: Caller, cpu_started: float) -> None:

@@ -39,6 +39,20 @@ class Pool:
     def name(self) -> str:
         return self.config.name
 
+    def is_ready(self, endpoint: Endpoint) -> bool:
+        """For a pool with `cold_start_timeout_s`: scraped once (a starting replica refuses connections) and
+        not asleep."""
+        return endpoint.metrics is not None and not endpoint.asleep
+
+    def ready(self, usable: list[Endpoint]) -> list[Endpoint]:
+        """Of the usable endpoints, those that may take a request. A pool that scales from zero
+        (`cold_start_timeout_s`) counts an endpoint only once a metrics scrape of it succeeded (a replica that
+        is starting refuses connections, and a request sent there would fail instead of waiting) and while it
+        is not asleep (`sleep_after_idle_s`)."""
+        if self.config.cold_start_timeout_s > 0:
+            return [e for e in usable if self.is_ready(e)]
+        return usable
+
 
 @dataclass(frozen=True)
 class Runtime:

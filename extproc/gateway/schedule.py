@@ -16,9 +16,10 @@ from extproc.endpoints import Endpoint
 from extproc.endpoints.health import HealthTracker
 from extproc.gateway.records import Admitted, Caller, Resolved, Routed, route_metadata
 from extproc.gateway.runtime import Pool
+from extproc.gateway.stateful import new_response_id, pinned_endpoint
 from extproc.gateway.types import Route
+from extproc.openai import Api, rewrite_body
 from extproc.openai import errors as oai
-from extproc.openai import rewrite_body
 from extproc.scheduling import Explanation, SchedulingRequest, prefix_blocks
 from extproc.telemetry import GatewayMetrics
 
@@ -42,7 +43,7 @@ class Schedule:
         observe(seconds)
 
     def usable(self, pool: Pool, now: float) -> list[Endpoint]:
-        return self.health.usable(pool.endpoints, now)
+        return pool.ready(self.health.usable(pool.endpoints, now))
 
     def _candidates(self, caller: Caller, pool: Pool, scheduling: SchedulingRequest) -> list[Endpoint]:
         """The usable endpoints with room for the caller's class (all usable ones when none has room). A pool
@@ -56,11 +57,11 @@ class Schedule:
         if limit and len(endpoints) > limit:
             chooser = random.Random(scheduling.sequence)  # reproducible per request, like the picker's ties
             sample = runtime.scheduler.profile(pool.config.profile).narrow(scheduling, endpoints, limit, chooser)
-            with_room = [e for e in self.health.usable(sample, now)
+            with_room = [e for e in pool.ready(self.health.usable(sample, now))
                          if (room := load.room(e, now, reserve)) is None or room > 0]
             if with_room:
                 return with_room
-        candidates = self.health.usable(endpoints, now)
+        candidates = self.usable(pool, now)
         if caller.klass and len(candidates) > 1:
             with_room = [e for e in candidates if (room := load.room(e, now, reserve)) is None or room > 0]
             candidates = with_room or candidates
@@ -93,6 +94,8 @@ class Schedule:
         sequence = self._sequence + 1
         scheduling = self.request(caller, resolved, pool, sequence)
         candidates = self._candidates(caller, pool, scheduling)
+        if resolved.request.model in pool.config.lora_paths:  # an adapter loaded on demand: where it is loaded
+            candidates = [e for e in candidates if resolved.request.model in e.adapters] or candidates
         backup = pool.config.backup_pool
         if not candidates and backup is not None:  # no healthy endpoint: the backup pool serves
             standby = runtime.pools[backup]
@@ -106,13 +109,21 @@ class Schedule:
         if not picked:
             raise oai.no_capacity(config.name)
         request = resolved.request
+        fields: dict[str, str] | None = None
+        if request.api is Api.RESPONSES:  # stored responses live on the endpoint that served them
+            if request.previous_response_id is not None:
+                # Any usable endpoint of the pool (not only this decision's candidates, a sample in large pools).
+                home = pinned_endpoint(request.previous_response_id, config.name, self.usable(pool, now))
+                if home is not None:
+                    picked = [home, *(e for e in picked if e is not home)][:1 + config.fallbacks]
+            fields = {"request_id": new_response_id(config.name, picked[0].address)}
         rewrite = request.model != config.model and request.model not in config.lora_adapters
         # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to settle a
         # reservation, and for the audit log).
         want_usage = request.stream and not request.include_usage and (
             admitted is not None or bool(runtime.policy.audit.path))
-        new_body = rewrite_body(request.document, config.model if rewrite else None, want_usage) if (
-            rewrite or want_usage or resolved.body_changed) else None
+        new_body = rewrite_body(request.document, config.model if rewrite else None, want_usage, fields) if (
+            rewrite or want_usage or resolved.body_changed or fields) else None
         addresses = tuple(e.address for e in picked)
         envoy = runtime.policy.envoy
         headers = [(envoy.cluster_header, config.name), (envoy.endpoint_header, ",".join(addresses))]

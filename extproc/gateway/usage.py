@@ -61,10 +61,12 @@ def settlement(report: UsageReport, held: Reservation | None = None) -> tuple[Re
         held = decode_reservation(report.reservation)
     if held is None:
         return None
-    if report.prompt_tokens is None or report.completion_tokens is None:
+    if report.prompt_tokens is None:
         # An error status means the model never produced output (a failure mid-stream keeps the 200
         # already sent): nothing was consumed. Anything else without usage keeps the estimate.
         return (held, 0) if 400 <= report.status < 600 else None
-    return held, max(0, report.prompt_tokens) + max(0, report.completion_tokens)
+    # Prompt tokens alone: a response shape that generates nothing (vLLM's rerank usage has no
+    # completion_tokens). Every generating shape reports both counts in the same object.
+    return held, max(0, report.prompt_tokens) + max(0, report.completion_tokens or 0)
 
 

@@ -1,4 +1,6 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}`."""
+"""Errors in the API's own shape: OpenAI's `{"error": {"message", "type", "param", "code"}}`, or on the
+Anthropic Messages path Anthropic's `{"type": "error", "error": {"type", "message"}}` (its error type follows
+the status, as Anthropic's API documents them)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,27 @@ class ApiError(Exception):
     param: str | None = None
     headers: tuple[tuple[str, str], ...] = field(default=())
 
-    def body(self) -> bytes:
-        payload = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+    def body(self, anthropic: bool = False) -> bytes:
+        payload: dict[str, object]
+        if anthropic:
+            payload = {"type": "error", "error": {"type": anthropic_type(self.status), "message": self.message}}
+        else:
+            payload = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return json.dumps(payload, separators=(",", ":")).encode()
 
     def __str__(self) -> str:
         return f"{self.status} {self.code or self.type}: {self.message}"
+
+
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+                   413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error",
+                   529: "overloaded_error"}
+
+
+def anthropic_type(status: int) -> str:
+    """Anthropic's error type for an HTTP status."""
+    return ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
 
 
 def bad_request(message: str, code: str = "invalid_request", param: str | None = None) -> ApiError:

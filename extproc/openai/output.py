@@ -8,6 +8,9 @@ vLLM (entrypoints/openai/*/protocol.py and serving.py, checked against its main 
   `max_completion_tokens` is not read at all. Every prompt of a batch (`prompt` as a list of strings or of
   token-id lists) is its own request with `n` sequences; `echo` with `max_tokens: 0` still generates 1 token.
 - embeddings: nothing is generated.
+- Anthropic Messages: `max_tokens` is required and positive; vLLM passes it as both chat fields. No `n`.
+- Responses: `max_output_tokens` only (`max_tokens` is not a Responses field); null = up to the context
+  length. No `n`.
 
 Our bound must hold under every release's reading, so a chat request is bounded only when both readings are,
 and the bound is the larger one. A cap is written so that both readings end at or under it.
@@ -17,13 +20,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from extproc.openai.apis import Api
+from extproc.openai.apis import SHAPES, Api
 from extproc.openai.errors import ApiError, bad_request
 
 __all__ = ["COMPLETIONS_DEFAULT_MAX_TOKENS", "OutputBound", "cap_document", "output_bound"]
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 _CHAT_FIELDS = ("max_completion_tokens", "max_tokens")
+
+_SINGLE_FIELD = {Api.COMPLETIONS: "max_tokens", Api.MESSAGES: "max_tokens", Api.RESPONSES: "max_output_tokens"}
 
 OutputBound = tuple[int | None, int]  # (tokens per sequence, None = up to the context length; sequences)
 
@@ -50,8 +55,14 @@ def _prompt_count(api: Api, document: dict[str, Any]) -> int:
 
 def output_bound(api: Api, document: dict[str, Any], max_choices: int) -> OutputBound:
     """(per-sequence token bound or None, number of sequences); raises ApiError(400) on invalid fields."""
-    if api is Api.EMBEDDINGS:
+    if not SHAPES[api].generates:
         return 0, 1
+    if api is Api.MESSAGES:
+        if document.get("max_tokens") is None:
+            raise bad_request("'max_tokens' is required", "invalid_value", "max_tokens")
+        return _optional_int(document, "max_tokens", 1), 1
+    if api is Api.RESPONSES:
+        return _optional_int(document, "max_output_tokens"), 1
     n = _optional_int(document, "n", 1) or 1
     best_of = _optional_int(document, "best_of", 1) or 1
     choices = max(n, best_of)
@@ -77,10 +88,10 @@ def output_bound(api: Api, document: dict[str, Any], max_choices: int) -> Output
 def cap_document(api: Api, document: dict[str, Any], bound: int | None, cap: int) -> bool:
     """Write `cap` into the fields the engine reads when `bound` (from `output_bound`) is None or above it;
     changes `document` in place and says whether it did."""
-    if api is Api.EMBEDDINGS or (bound is not None and bound <= cap):
+    if not SHAPES[api].generates or (bound is not None and bound <= cap):
         return False
-    if api is Api.COMPLETIONS:
-        document["max_tokens"] = cap
+    if api in _SINGLE_FIELD:
+        document[_SINGLE_FIELD[api]] = cap
         return True
     for name in _CHAT_FIELDS:
         value = document.get(name)

@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from extproc.openai.apis import PATHS, Api, api_for_path
+from extproc.openai.apis import PATHS, SHAPES, Api, api_for_path
 from extproc.openai.errors import ApiError, bad_request, too_complex, too_large
 from extproc.openai.output import cap_document, output_bound
-from extproc.openai.prompt import extra_prompt_chars, prompt_text
+from extproc.openai.prompt import extra_prompt_chars, prompt_text, prompt_view
 
 __all__ = ["PATHS", "Api", "ApiError", "BodyLimits", "InferenceRequest", "api_for_path", "cap_output_tokens",
            "decode_json", "parse_document", "parse_request", "prompt_text", "requested_model", "rewrite_body"]
@@ -49,6 +49,9 @@ class InferenceRequest:
     document: dict[str, Any]
     sequences: int = 1  # sequences the engine generates: n (or best_of) x prompts of a completions batch
     extra_prompt_chars: int = 0  # prompt text outside `prompt_text` (tools, documents, names, ...)
+    images: int = 0  # image parts of the conversation (each costs the pool's `image_tokens`)
+    audios: int = 0  # audio parts (each costs the pool's `audio_tokens`)
+    previous_response_id: str | None = None  # Responses: the stored response this one continues
 
     @property
     def output_tokens(self) -> int | None:
@@ -84,11 +87,12 @@ def requested_model(document: dict[str, Any]) -> str:
 _CONTAINER_SET = frozenset({dict, list})
 
 
-def _check_structure(document: dict[str, Any], limits: BodyLimits) -> None:
+def _check_structure(api: Api, document: dict[str, Any], limits: BodyLimits) -> None:
     """Depth and container count, stopping at the first violation."""
-    messages = document.get("messages")
+    field = SHAPES[api].conversation or "messages"
+    messages = document.get(field)
     if isinstance(messages, list) and len(messages) > limits.max_messages:
-        raise bad_request(f"'messages' may hold at most {limits.max_messages} messages", "invalid_value", "messages")
+        raise bad_request(f"'{field}' may hold at most {limits.max_messages} messages", "invalid_value", field)
     stack: list[tuple[Any, int]] = [(document, 1)]
     seen = 0
     while stack:
@@ -109,28 +113,42 @@ def _check_structure(document: dict[str, Any], limits: BodyLimits) -> None:
 
 def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> InferenceRequest:
     """Validate the fields routing depends on; everything else passes through to vLLM untouched."""
-    _check_structure(document, limits)
+    _check_structure(api, document, limits)
+    shape = SHAPES[api]
     model = requested_model(document)
-    stream = document.get("stream", False)
+    stream = document.get("stream")
+    if stream is None:
+        stream = False
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean", "invalid_value", "stream")
-    if stream and api is Api.EMBEDDINGS:
-        raise bad_request("embeddings do not support 'stream'", "invalid_value", "stream")
+    if stream and not shape.streams:
+        raise bad_request(f"{api.value} do not support 'stream'", "invalid_value", "stream")
     options = document.get("stream_options")
-    include_usage = isinstance(options, dict) and options.get("include_usage") is True
+    include_usage = shape.usage_in_stream or (isinstance(options, dict) and options.get("include_usage") is True)
     user = document.get("user")
+    previous = document.get("previous_response_id") if api is Api.RESPONSES else None
+    if previous is not None and not isinstance(previous, str):
+        raise bad_request("'previous_response_id' must be a string", "invalid_value", "previous_response_id")
+    if api is Api.RESPONSES and document.get("background") is True:
+        # The generation would go on after the exchange ends: past its concurrency lease and its settlement.
+        raise bad_request("background responses are not supported through this gateway", "invalid_value",
+                          "background")
     per_sequence, sequences = output_bound(api, document, limits.max_choices)
+    text, (images, audios) = prompt_view(api, document)
     return InferenceRequest(
         api=api,
         model=model,
         stream=stream,
-        max_output_tokens=None if api is Api.EMBEDDINGS else per_sequence,
-        prompt_text=prompt_text(api, document),
+        max_output_tokens=per_sequence if shape.generates else None,
+        prompt_text=text,
         include_usage=include_usage,
         user=user if isinstance(user, str) else None,
         document=document,
         sequences=sequences,
         extra_prompt_chars=extra_prompt_chars(api, document),
+        images=images,
+        audios=audios,
+        previous_response_id=previous,
     )
 
 
@@ -143,21 +161,25 @@ def parse_request(api: Api, body: bytes, *, max_bytes: int, max_depth: int, **li
 def cap_output_tokens(request: InferenceRequest, cap: int) -> InferenceRequest | None:
     """The request with every sequence limited to `cap` tokens, written into the fields the engine reads
     (the document is changed in place), or None when it already asks for at most `cap`. Embeddings have no
-    output to cap."""
-    if request.api is Api.EMBEDDINGS or not cap_document(request.api, request.document, request.max_output_tokens,
+    output to cap (nor have scoring or the tokenizer)."""
+    if not SHAPES[request.api].generates or not cap_document(request.api, request.document, request.max_output_tokens,
                                                          cap):
         return None
     return replace(request, max_output_tokens=cap)
 
 
-def rewrite_body(document: dict[str, Any], model: str | None, include_usage: bool = False) -> bytes:
-    """Serialise the body with `model` replaced (alias -> served name) and/or usage requested in streams.
+def rewrite_body(document: dict[str, Any], model: str | None, include_usage: bool = False,
+                 fields: dict[str, str] | None = None) -> bytes:
+    """Serialise the body with `model` replaced (alias -> served name) and/or usage requested in streams, and
+    top-level `fields` set.
 
     `decode_json` refuses lone surrogates; should one still be here (a document built elsewhere), the body is
     written with every non-ASCII character escaped instead of failing."""
     updated = dict(document)
     if model is not None:
         updated["model"] = model
+    if fields:
+        updated.update(fields)
     if include_usage:
         options = updated.get("stream_options")
         updated["stream_options"] = {**(options if isinstance(options, dict) else {}), "include_usage": True}

@@ -90,10 +90,12 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                  on_outcome: Callable[[str, str | None, bool, float | None], None] | None = None,
                  on_pool_outcome: Callable[[str, bool, float | None, float | None], None] | None = None,
                  on_prompt_usage: Callable[[str, int, int], None] | None = None, token: str | None = None,
-                 decided_here: Callable[[str], bool] | None = None) -> None:
+                 decided_here: Callable[[str], bool] | None = None,
+                 on_usage: Callable[[str, int | None, int | None], None] | None = None) -> None:
         self._store = store
         self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
         self._decided_here = decided_here  # this process's own request ids (released at their stream end)
+        self._on_usage = on_usage  # tracing: (our request id, prompt, completion tokens); None when off
         self._metrics = metrics
         self._on_outcome = on_outcome
         self._on_pool_outcome = on_pool_outcome  # canary analysis: (pool, ok, ttft_s, tpot_s)
@@ -145,6 +147,8 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         release here (decided by another process) and the settlement to make, for the store."""
         self.entries_total += 1
         pool = report.pool or "none"
+        if self._on_usage is not None and report.request_id:
+            self._on_usage(report.request_id, report.prompt_tokens, report.completion_tokens)
         # Passive health: 5xx, and failures after the response headers (a replica dying mid-stream).
         # Envoy retries only failures before any response, so this is the endpoint that answered.
         if report.pool and report.status:
@@ -155,9 +159,9 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
         if (self._on_prompt_usage is not None and report.pool and report.prompt_estimate
                 and report.prompt_tokens):
             self._on_prompt_usage(report.pool, report.prompt_estimate, report.prompt_tokens)
-        if report.prompt_tokens is not None and report.completion_tokens is not None:
+        if report.prompt_tokens is not None:  # alone: a shape that generates nothing (see settlement)
             self._metrics.usage_tokens.labels(pool, "prompt").inc(report.prompt_tokens)
-            self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens)
+            self._metrics.usage_tokens.labels(pool, "completion").inc(report.completion_tokens or 0)
         elif report.reservation:
             self._metrics.usage_missing.labels(pool).inc()
         if report.pool:

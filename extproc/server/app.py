@@ -8,6 +8,7 @@ import logging
 import signal
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
@@ -20,7 +21,9 @@ from prometheus_client import CollectorRegistry
 from extproc.config import Policy, load_policy
 from extproc.config.watch import PolicyWatcher
 from extproc.endpoints import Endpoint, EndpointRegistry, MetricsScraper
+from extproc.endpoints.adapters import AdapterManager
 from extproc.endpoints.discovery import DnsDiscoverer
+from extproc.endpoints.sleep import SleepManager
 from extproc.gateway import Gateway, Parts, RuntimeHolder, build_gateway
 from extproc.gateway.auth import Authenticator
 from extproc.limits.failover import FailoverStore
@@ -30,18 +33,30 @@ from extproc.rollout.controller import Rollouts
 from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
 from extproc.server.calibration_sync import CalibrationSync
+from extproc.server.engines import build_adapter_manager, build_sleep_manager
 from extproc.server.fleet import FleetSync
 from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.placements import PlacementSync
 from extproc.server.processor import ExternalProcessorService
-from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_placement_sync, build_store
+from extproc.server.queue_sync import QueueSync
+from extproc.server.scaler import ScalerService
+from extproc.server.stores import (
+    build_calibration_sync,
+    build_fleet_sync,
+    build_placement_sync,
+    build_queue_sync,
+    build_store,
+)
 from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.pool_ttft import PoolTtftCollector
 from extproc.telemetry.pools import PoolCollector
+
+if TYPE_CHECKING:  # imported only when tracing is on
+    from extproc.telemetry.tracing import DecisionTracer
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +98,11 @@ class Service:
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
     placements: PlacementSync | None = None
+    tracer: DecisionTracer | None = None  # policy tracing.enabled
+    scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
+    queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
+    sleep: SleepManager | None = None  # engines of pools with sleep_after_idle_s
+    adapters: AdapterManager | None = None  # LoRA adapters of pools with lora_paths
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -102,6 +122,14 @@ class Service:
         self.admin_port = int(sockets[0][1]) if sockets else service.admin_port
         self.discovery.configure(self.runtimes.current.policy.pools)
         await self.scraper.start()
+        if self.scaler is not None:
+            await self.scaler.start()
+        if self.sleep is not None:
+            await self.sleep.start()
+        if self.adapters is not None:
+            await self.adapters.start()
+        if self.queue_sync is not None:
+            await self.queue_sync.start()
         if self.fleet is not None:
             await self.fleet.start()
         if self.calibration_sync is not None:
@@ -135,6 +163,14 @@ class Service:
             await asyncio.sleep(drain_delay_s)
         await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
+        if self.scaler is not None:
+            await self.scaler.stop()
+        if self.sleep is not None:
+            await self.sleep.stop()
+        if self.adapters is not None:
+            await self.adapters.stop()
+        if self.queue_sync is not None:
+            await self.queue_sync.stop()
         if self.fleet is not None:
             await self.fleet.stop()
         if self.calibration_sync is not None:
@@ -148,6 +184,8 @@ class Service:
             await self.policy_watcher.stop()
         await self.store.close()
         await self.admin_runner.cleanup()
+        if self.tracer is not None:  # flushes spans still queued for export (blocking: off the loop)
+            await asyncio.to_thread(self.tracer.shutdown)
 
 
 def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple[int, int] | None = None) -> Service:
@@ -173,14 +211,24 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     store, redis = build_store(policy)
     server = grpc.aio.server(options=_GRPC_OPTIONS + (_WORKER_GRPC_OPTIONS if worker is not None else []))
     grpc_token = read_token(policy.service.grpc_token_file)
-    ext_grpc.add_ExternalProcessorServicer_to_server(ExternalProcessorService(gateway, store, grpc_token, metrics),
-                                                     server)
+    tracer = None
+    if policy.tracing.enabled:  # the SDK is imported only then; read at start
+        from extproc.telemetry.tracing import DecisionTracer
+
+        tracer = DecisionTracer(policy.tracing)
+    ext_grpc.add_ExternalProcessorServicer_to_server(
+        ExternalProcessorService(gateway, store, grpc_token, metrics, tracer), server)
     access_log = AccessLogService(store, metrics, parts.outcomes, rollouts.record,
                                   on_prompt_usage=parts.calibration.observe, token=grpc_token,
-                                  decided_here=gateway.request_ids.mine)
+                                  decided_here=gateway.request_ids.mine,
+                                  on_usage=tracer.usage if tracer is not None else None)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    scaler = None
+    if policy.autoscaling.enabled:
+        scaler = ScalerService(runtimes, parts.flow, parts.health)
+        server.add_generic_rpc_handlers((scaler.handler(),))
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape, saturation=lambda: runtimes.current.policy.saturation)
     scraper.on_scrape = parts.flow.kick_all  # fresh metrics may show room for queued requests
     registry.register(FlowCollector(parts.flow))
@@ -189,6 +237,16 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     service = Service(policy_path, runtimes, endpoints, metrics, parts, server, health_servicer,
                       web.AppRunner(web.Application()), scraper, store, redis,
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery)
+    service.tracer = tracer
+    service.scaler = scaler
+    service.sleep = build_sleep_manager(runtimes, parts)
+    service.adapters = build_adapter_manager(runtimes, parts)
+    if scaler is not None:
+        flow = parts.flow
+        service.queue_sync = queue_sync = build_queue_sync(
+            policy, lambda: {name: flow.queued(name) for name in runtimes.current.pools})
+        if queue_sync is not None:
+            scaler.others = queue_sync.others
     service.calibration_sync = build_calibration_sync(policy, parts.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
     service.placements = placements = build_placement_sync(policy, lambda: runtimes.current.scheduler)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
@@ -15,11 +16,17 @@ from prometheus_client import CollectorRegistry
 
 from extproc.flow import Rejected
 from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Route, Wait, error_response
+from extproc.gateway.records import trace_attributes
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
 from extproc.telemetry import GatewayMetrics
+
+if TYPE_CHECKING:  # the SDK is imported only when tracing is on (extproc/telemetry/tracing.py)
+    from opentelemetry.trace import Span
+
+    from extproc.telemetry.tracing import DecisionTracer
 
 log = logging.getLogger(__name__)
 
@@ -33,17 +40,24 @@ _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "serv
 class StreamProcessor:
     """Protocol state of one exchange: its phase, its Exchange, and the body phase while it waits on something."""
 
-    __slots__ = ("body", "exchange", "gateway")
+    __slots__ = ("body", "exchange", "gateway", "span", "stream_traceparent", "tracer")
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, tracer: DecisionTracer | None = None,
+                 stream_traceparent: str | None = None) -> None:
         self.gateway = gateway
         self.exchange: Exchange | None = None
         self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
+        self.tracer = tracer  # None: tracing off (the only cost is this test)
+        self.stream_traceparent = stream_traceparent  # Envoy's trace context on the ext_proc stream, if any
+        self.span: Span | None = None
 
     def handle(self, message: ext_pb.ProcessingRequest, phase: str | None) -> ext_pb.ProcessingResponse | Wait | None:
         """Answer one message (`phase`: its WhichOneof("request"))."""
         if phase == "request_headers":
-            exchange, reply = self.gateway.headers(protocol.request_head(message.request_headers))
+            head = protocol.request_head(message.request_headers)
+            if self.tracer is not None:
+                self.span = self.tracer.start(head.headers, self.stream_traceparent)
+            exchange, reply = self.gateway.headers(head)
             self.exchange = exchange
             if reply is not None:
                 return protocol.immediate_response(reply)
@@ -73,11 +87,22 @@ class StreamProcessor:
             self.body = None
             return self.respond(done.value)
 
-    @staticmethod
-    def respond(decision: Decision) -> ext_pb.ProcessingResponse:
+    def respond(self, decision: Decision) -> ext_pb.ProcessingResponse:
         if isinstance(decision, Route):
+            if self.span is not None and self.tracer is not None:  # the engine's parent is our span
+                decision = replace(decision, set_headers=(*decision.set_headers,
+                                                          ("traceparent", self.tracer.traceparent(self.span))))
             return protocol.route_response(decision)
         return protocol.immediate_response(decision)
+
+    def end_span(self, now: float) -> None:
+        """The exchange is over: its span records it, and ends once its usage arrives (routed) or now."""
+        if self.span is None or self.tracer is None or self.exchange is None:
+            return
+        exchange = self.exchange
+        self.tracer.finish(self.span, trace_attributes(exchange, now),
+                           exchange.request_id if exchange.routed is not None else None)
+        self.span = None
 
 
 def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
@@ -92,8 +117,9 @@ def _continue_for(phase: str | None) -> ext_pb.ProcessingResponse | None:
 
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, gateway: Gateway, store: Store, token: str | None = None,
-                 metrics: GatewayMetrics | None = None) -> None:
+                 metrics: GatewayMetrics | None = None, tracer: DecisionTracer | None = None) -> None:
         self._gateway = gateway
+        self._tracer = tracer
         self._store = store
         self._token = token  # shared secret Envoy sends (grpc_auth.py); None = no check
         self._metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
@@ -110,7 +136,9 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._streams()
         cpu = time.thread_time  # CPU of the loop's thread per phase: our own work, not the awaits in between
         # read()/write() on the context instead of an async generator: one less layer per message.
-        stream = StreamProcessor(self._gateway)
+        tracer = self._tracer
+        stream = StreamProcessor(self._gateway, tracer, None if tracer is None else
+                                 dict(context.invocation_metadata() or ()).get("traceparent"))
         try:
             while True:
                 message = await context.read()
@@ -150,6 +178,8 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
             if stream.exchange is not None:
                 routed = stream.exchange.outcome == "routed"
                 held = self._gateway.finish(stream.exchange)
+                if stream.span is not None:
+                    stream.end_span(time.monotonic())
             self._phase_cpu["stream_end"](cpu() - started)
             if held is not None:
                 await self._give_back(held, routed)

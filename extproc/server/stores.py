@@ -25,6 +25,7 @@ from extproc.scheduling import Scheduler
 from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync, replica_name
 from extproc.server.placements import PlacementSync
+from extproc.server.queue_sync import QueueSync
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
 
@@ -83,6 +84,15 @@ def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Calla
         return None
     interval_s = policy.flow_control.fleet_sync_ms / 1000.0
     return FleetSync(redis_at.client(max(0.05, interval_s), FleetSync.SCRIPTS), endpoints, interval_s, on_sync=on_sync)
+
+
+def build_queue_sync(policy: Policy, queued: Callable[[], dict[str, int]]) -> QueueSync | None:
+    """The replicas' admission-queue lengths for the autoscaler, when it is on and Redis is the limits store."""
+    redis_at = redis_settings(policy)
+    if redis_at is None or not policy.autoscaling.enabled:
+        return None
+    interval_s = policy.autoscaling.sample_interval_s
+    return QueueSync(redis_at.client(max(0.05, interval_s), QueueSync.SCRIPTS), queued, interval_s)
 
 
 def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> CalibrationSync | None:

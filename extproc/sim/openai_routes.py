@@ -7,7 +7,8 @@ import json
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -31,7 +32,18 @@ from extproc.sim.responses import StreamFormatter, chat_response, completion_res
 from extproc.sim.spec import ReplicaSpec
 from extproc.sim.tokens import Tokenizer
 
-__all__ = ["CrashedError", "OpenAIRoutes", "RenderMemo", "abort_connection", "compact_json", "read_json"]
+__all__ = ["CrashedError", "OpenAIRoutes", "Planned", "RenderMemo", "abort_connection", "compact_json", "read_json"]
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """A generation request as the engine will run it."""
+
+    model: str  # the name to echo
+    gen: GenRequest
+    pieces: list[str]  # the output's text, token by token
+    limits: Limits
+
 
 class CrashedError(Exception):
     """The crash_mid_stream fault cut this response's connection."""
@@ -94,9 +106,14 @@ def abort_connection(request: web.Request) -> CrashedError:
 
 class OpenAIRoutes:
     def __init__(self, spec: ReplicaSpec, engine: Engine, loop: EngineLoop, tokenizer: Tokenizer,
-                 faults: Faults, renders: RenderMemo | None = None) -> None:
+                 faults: Faults, adapters: Mapping[str, None] | None = None,
+                 check_awake: Callable[[], None] | None = None, renders: RenderMemo | None = None) -> None:
+        """`adapters`: the LoRA adapters loaded now (runtime loading changes it); `check_awake` raises the 503 of
+        a sleeping engine (extproc/sim/lifecycle.py); `renders`: the process's shared render answers."""
         self.renders = renders or RenderMemo()
         self.spec = spec
+        self.adapters: Mapping[str, None] = adapters if adapters is not None else dict.fromkeys(spec.lora_adapters)
+        self._check_awake = check_awake or (lambda: None)
         self.engine = engine
         self.loop = loop
         self.tokenizer = tokenizer
@@ -122,7 +139,7 @@ class OpenAIRoutes:
         model = body.get("model")
         if model is None or model == self.spec.model:
             return self.spec.model, None
-        if isinstance(model, str) and model in self.spec.lora_adapters:
+        if isinstance(model, str) and model in self.adapters:
             return model, model
         raise ApiError(404, f"The model `{model}` does not exist.", "model")
 
@@ -148,8 +165,9 @@ class OpenAIRoutes:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, chat=False)
 
-    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        body = await read_json(request)
+    def plan(self, body: Mapping[str, Any], request_id: str, *, chat: bool) -> Planned:
+        """What the engine will do for a generation request: checked, tokenized, its output decided."""
+        self._check_awake()
         model, lora = self.resolve_model(body)
         self._check_fault()
         _, prompt_ids = self._prompt(body, chat)
@@ -157,8 +175,14 @@ class OpenAIRoutes:
         limits = parse_limits(body, len(prompt_ids), profile, chat=chat)
         length, finish_reason, text_seed = output_plan(prompt_ids, limits, profile, self.spec.seed)
         pieces, output_ids = self.tokenizer.generate(length, text_seed)
-        request_id = self._request_id(request, "chatcmpl-" if chat else "cmpl-")
-        gen = GenRequest(request_id, prompt_ids, output_ids, lora, finish_reason=finish_reason)
+        return Planned(model, GenRequest(request_id, prompt_ids, output_ids, lora, finish_reason=finish_reason),
+                       pieces, limits)
+
+    async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await read_json(request)
+        planned = self.plan(body, self._request_id(request, "chatcmpl-" if chat else "cmpl-"), chat=chat)
+        model, gen, pieces, limits = planned.model, planned.gen, planned.pieces, planned.limits
+        request_id, prompt_ids, length, finish_reason = gen.request_id, gen.prompt_ids, len(pieces), gen.finish_reason
         created = int(time.time())
         if limits.stream:
             return await self._stream(request, gen, pieces, limits, model, created, chat=chat)
@@ -228,6 +252,7 @@ class OpenAIRoutes:
 
     async def embeddings(self, request: web.Request) -> web.Response:
         body = await read_json(request)
+        self._check_awake()
         model, lora = self.resolve_model(body)
         self._check_fault()
         inputs = parse_embedding_inputs(body, self.tokenizer)
@@ -279,6 +304,6 @@ class OpenAIRoutes:
         return web.json_response({"prompt": self.tokenizer.decode(tokens)}, dumps=compact_json)
 
     async def models(self, request: web.Request) -> web.Response:
-        payload = models_response(self.spec.model, self.spec.lora_adapters, self.created,
+        payload = models_response(self.spec.model, tuple(self.adapters), self.created,
                                   self.spec.profile.max_model_len)
         return web.json_response(payload, dumps=compact_json)

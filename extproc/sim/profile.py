@@ -53,6 +53,14 @@ class Profile:
     max_loras: int = 4
     vocab_size: int = 128_256
     vllm_version: str = "0.11.0"
+    # Sleep mode and runtime LoRA (extproc/sim/lifecycle.py). Level 1 offloads the weights to CPU memory
+    # (16 GB of bf16 for an 8B model) and drops the KV cache; waking copies them back and re-creates the
+    # cache (a few seconds on PCIe); level 2 discards the weights, so waking reloads them from disk (about
+    # twice as long). Loading an adapter reads and moves its weights (~1.5 s for a rank-16 adapter).
+    sleep_s: float = 0.5
+    wake_up_s: float = 4.0
+    wake_up_level2_s: float = 8.0
+    lora_load_s: float = 1.5
 
     def __post_init__(self) -> None:
         positive = ("step_base_s", "max_num_seqs", "max_num_batched_tokens", "block_size", "num_gpu_blocks",
@@ -60,7 +68,8 @@ class Profile:
         for field in positive:
             if getattr(self, field) <= 0:
                 raise ProfileError(f"profile {self.name!r}: {field} must be > 0")
-        non_negative = ("step_per_seq_s", "prefill_per_token_s", "max_loras", "long_prefill_token_threshold")
+        non_negative = ("step_per_seq_s", "prefill_per_token_s", "max_loras", "long_prefill_token_threshold",
+                        "sleep_s", "wake_up_s", "wake_up_level2_s", "lora_load_s")
         for field in non_negative:
             if getattr(self, field) < 0:
                 raise ProfileError(f"profile {self.name!r}: {field} must be >= 0")

@@ -13,6 +13,7 @@ from aiohttp import web
 from extproc.sim.driver import EngineLoop
 from extproc.sim.engine import Engine
 from extproc.sim.faults import FaultError, Faults, FaultSettings
+from extproc.sim.lifecycle import Lifecycle
 from extproc.sim.metrics import render_metrics
 from extproc.sim.openai_routes import (
     CrashedError,
@@ -24,6 +25,8 @@ from extproc.sim.openai_routes import (
 )
 from extproc.sim.protocol import ApiError, error_body
 from extproc.sim.router_routes import RouterRoutes
+from extproc.sim.scoring_routes import ScoringRoutes
+from extproc.sim.shaped_routes import ShapedRoutes
 from extproc.sim.spec import ReplicaSpec
 from extproc.sim.tokens import Tokenizer
 
@@ -60,7 +63,9 @@ class Replica:
         self._runner: web.AppRunner | None = None
         self._site: web.TCPSite | None = None
         self._resume_task: asyncio.Task[None] | None = None
-        self._routes = OpenAIRoutes(spec, self.engine, self.loop, self.tokenizer, self.faults, renders)
+        self.lifecycle = Lifecycle(spec, self.engine)
+        self._routes = OpenAIRoutes(spec, self.engine, self.loop, self.tokenizer, self.faults,
+                                    self.lifecycle.adapters, self.lifecycle.check_awake, renders)
         self.app = self._build_app()
 
     @property
@@ -78,7 +83,10 @@ class Replica:
     def _build_app(self) -> web.Application:
         app = web.Application(middlewares=[self._guard], client_max_size=64 * 1024 * 1024)
         app.add_routes(self._routes.routes())
+        app.add_routes(ShapedRoutes(self._routes).routes())
+        app.add_routes(ScoringRoutes(self._routes).routes())
         app.add_routes(RouterRoutes(self.spec, self.engine).routes())
+        app.add_routes(self.lifecycle.routes())
         app.add_routes([
             web.get("/health", self._health),
             web.get("/ping", self._health),
@@ -222,7 +230,7 @@ class Replica:
             "prefix_queries_tokens": counters.prefix_queries_tokens,
             "prefix_hits_tokens": counters.prefix_hits_tokens, "finished": dict(counters.finished),
             "kv_usage": kv.usage, "kv_used_blocks": kv.used_blocks, "kv_cached_blocks": kv.cached_blocks,
-            "num_gpu_blocks": kv.num_blocks,
+            "num_gpu_blocks": kv.num_blocks, **self.lifecycle.stats(),
         }
 
     async def _stats(self, request: web.Request) -> web.Response:

@@ -8,10 +8,11 @@ from typing import Any
 from extproc.config import Policy
 from extproc.config.secrets import GRPC_TOKEN_METADATA, read_secret
 
-__all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "USAGE_NAMESPACE", "access_log", "extproc_grpc_service",
-           "usage_filters"]
+__all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "OTEL_CLUSTER", "USAGE_NAMESPACE", "access_log", "envoy_tracing",
+           "extproc_grpc_service", "otel_cluster", "usage_filters"]
 
 EXTPROC_CLUSTER = "extproc"
+OTEL_CLUSTER = "otel_collector"
 _T = "type.googleapis.com/envoy."
 
 
@@ -28,12 +29,29 @@ def extproc_grpc_service(policy: Policy) -> dict[str, Any]:
 USAGE_NAMESPACE = "extproc.usage"
 
 
-def _usage_rules() -> list[dict[str, Any]]:
-    """usage.prompt_tokens / usage.completion_tokens -> dynamic metadata `extproc.usage`."""
+# Where each response shape reports its tokens -> the key of `extproc.usage` they go to. One response has one
+# shape, so the rules never compete: OpenAI's `usage.prompt_tokens` (chat, completions, embeddings; the last
+# chunk of a stream); Anthropic's and Responses' `usage.input_tokens` (a JSON body, and Anthropic's final
+# `message_delta` event, which vLLM sends with both counts); a streamed Response's `response.completed` event.
+_USAGE_PATHS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("usage", "prompt_tokens"), "prompt_tokens"),
+    (("usage", "completion_tokens"), "completion_tokens"),
+    (("usage", "input_tokens"), "prompt_tokens"),
+    (("usage", "output_tokens"), "completion_tokens"),
+)
+_STREAM_ONLY_PATHS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("response", "usage", "input_tokens"), "prompt_tokens"),
+    (("response", "usage", "output_tokens"), "completion_tokens"),
+)
+
+
+def _usage_rules(stream: bool = False) -> list[dict[str, Any]]:
+    """Usage tokens -> dynamic metadata `extproc.usage` (prompt_tokens, completion_tokens)."""
+    paths = _USAGE_PATHS + (_STREAM_ONLY_PATHS if stream else ())
     return [
-        {"selectors": [{"key": "usage"}, {"key": key}],
-         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": key, "type": "NUMBER"}}
-        for key in ("prompt_tokens", "completion_tokens")
+        {"selectors": [{"key": key} for key in path],
+         "on_present": {"metadata_namespace": USAGE_NAMESPACE, "key": target, "type": "NUMBER"}}
+        for path, target in paths
     ]
 
 
@@ -58,7 +76,7 @@ def usage_filters() -> list[dict[str, Any]]:
                     "name": "envoy.content_parsers.json",
                     "typed_config": {
                         "@type": _T + "extensions.content_parsers.json.v3.JsonContentParser",
-                        "rules": [{"rule": rule} for rule in _usage_rules()],
+                        "rules": [{"rule": rule} for rule in _usage_rules(stream=True)],
                     },
                 }},
             },
@@ -118,3 +136,39 @@ def access_log(policy: Policy) -> list[dict[str, Any]]:
             },
         })
     return logs
+
+
+def envoy_tracing(policy: Policy) -> dict[str, Any] | None:
+    """Envoy's own OpenTelemetry tracer (policy `tracing` with `envoy: true`): its spans go to the same
+    collector at the same ratio; it passes its trace context to the engine and, on the ext_proc stream's gRPC
+    metadata, to our service, whose decision span joins the trace."""
+    tracing = policy.tracing
+    if not (tracing.enabled and tracing.envoy):
+        return None
+    return {
+        "random_sampling": {"value": tracing.sample_ratio * 100},
+        "provider": {"name": "envoy.tracers.opentelemetry", "typed_config": {
+            "@type": _T + "config.trace.v3.OpenTelemetryConfig",
+            "grpc_service": {"envoy_grpc": {"cluster_name": OTEL_CLUSTER}, "timeout": "1s"},
+            "service_name": "envoy",
+        }},
+    }
+
+
+def otel_cluster(policy: Policy) -> dict[str, Any] | None:
+    """The OTLP/gRPC collector's cluster, when Envoy traces."""
+    if envoy_tracing(policy) is None:
+        return None
+    host, _, port = policy.tracing.otlp_endpoint.rpartition(":")
+    return {
+        "@type": _T + "config.cluster.v3.Cluster",
+        "name": OTEL_CLUSTER,
+        "type": "STRICT_DNS",
+        "connect_timeout": "1s",
+        "typed_extension_protocol_options": {"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": _T + "extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }},
+        "load_assignment": {"cluster_name": OTEL_CLUSTER, "endpoints": [{"lb_endpoints": [{"endpoint": {
+            "address": {"socket_address": {"address": host.strip("[]"), "port_value": int(port)}}}}]}]},
+    }

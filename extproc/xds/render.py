@@ -30,7 +30,9 @@ from extproc.xds.logs import (
     EXTPROC_CLUSTER,
     USAGE_NAMESPACE,
     access_log,
+    envoy_tracing,
     extproc_grpc_service,
+    otel_cluster,
     usage_filters,
 )
 
@@ -79,8 +81,8 @@ def early_header_mutation(policy: Policy) -> list[dict[str, Any]]:
 
 def http_filters(policy: Policy) -> list[dict[str, Any]]:
     envoy = policy.envoy
-    flow = policy.flow_control
-    max_wait_s = flow.longest_wait_s() + MESSAGE_TIMEOUT_SLACK_S + 1.0 if flow.enabled else 0.0
+    longest = policy.longest_wait_s()
+    max_wait_s = longest + MESSAGE_TIMEOUT_SLACK_S + 1.0 if longest > 0 else 0.0
     strip = [{"remove": name} for name in stripped_headers(policy)]
     return [
         {
@@ -187,6 +189,9 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "http_filters": http_filters(policy),
         **rds,
     }
+    tracing = envoy_tracing(policy)
+    if tracing is not None:
+        hcm["tracing"] = tracing
     return {
         "@type": _T + "config.listener.v3.Listener",
         "name": LISTENER,
@@ -306,6 +311,8 @@ def render_files(policy: Policy, directory: Path) -> dict[str, dict[str, Any]]:
     files["lds.yaml"] = {"resources": [listener(policy, rds)]}
     files["rds.yaml"] = {"resources": [route_config(policy)]}
     clusters = [extproc_cluster(policy)]
+    if (otel := otel_cluster(policy)) is not None:
+        clusters.append(otel)
     for pool in policy.pools:
         if pool.discovery is not None:
             clusters.append(_pool_cluster(pool, policy.envoy, None))
@@ -331,6 +338,8 @@ def render_static(policy: Policy) -> dict[str, Any]:
     """The same configuration inlined into one bootstrap (for `envoy --mode validate` and simple runs)."""
     hcm_listener = _strip_type(listener(policy, {"route_config": _strip_type(route_config(policy))}))
     clusters = [_strip_type(extproc_cluster(policy))]
+    if (otel := otel_cluster(policy)) is not None:
+        clusters.append(_strip_type(otel))
     clusters += [_strip_type(_pool_cluster(pool, policy.envoy, None)) for pool in policy.pools]
     return {
         "node": {"id": "llm-gateway", "cluster": "llm-gateway"},

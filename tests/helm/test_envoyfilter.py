@@ -45,6 +45,16 @@ POLICIES = {
                                                           "interval_s": 2.5, "family": "v4"}},
         {"name": "embed", "model": "m-embed", "endpoints": ["10.1.0.9:9000"]},
     ]}},
+    # A pool scaling from zero holds requests longer than any class waits: Envoy's timers follow it.
+    "cold-start": {"policy": {"pools": [
+        {"name": "chat", "model": "m-chat", "endpoints": ["10.1.0.1:8000"], "cold_start_timeout_s": 95},
+        {"name": "code", "model": "m-code", "endpoints": ["10.1.0.9:9000"]},
+    ]}},
+    # Adapters loaded on demand, without flow control: their wait alone sets Envoy's timers.
+    "lora-on-demand": {"policy": {"flow_control": {"enabled": False}, "pools": [
+        {"name": "chat", "model": "m-chat", "endpoints": ["10.1.0.1:8000"], "lora_adapters": ["fr"],
+         "lora_paths": {"fr": "/adapters/fr"}, "lora_load_timeout_s": 75},
+    ]}},
 }
 CONTEXT = {"istio-gateway": "GATEWAY", "istio-sidecar": "SIDECAR_OUTBOUND"}
 

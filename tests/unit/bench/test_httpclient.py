@@ -35,3 +35,28 @@ def test_sse_scanner_ignores_null_usage() -> None:
     scanner.feed(b'data: {"choices":[{"delta":{"content":"a"}}],"usage": null}\n\n', now_ns=5)
     assert scanner.chunks == 1 and scanner.first_content_ns == 5
     assert scanner.completion_tokens is None
+
+
+def test_sse_scanner_reads_anthropic_and_responses_streams() -> None:
+    anthropic = (
+        b'event: message_start\ndata: {"type":"message_start","message":{"id":"m","content":[],'
+        b'"usage":{"input_tokens":9,"output_tokens":0}}}\n\n'
+        b'event: content_block_start\ndata: {"type":"content_block_start","index":0,'
+        b'"content_block":{"type":"text","text":""}}\n\n'
+        b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+        b'"delta":{"type":"text_delta","text":"Hi"}}\n\n'
+        b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
+        b'"usage":{"input_tokens":9,"output_tokens":4}}\n\n'
+    )
+    scanner = SseScanner()
+    scanner.feed(anthropic, now_ns=1)
+    assert scanner.chunks == 1 and (scanner.prompt_tokens, scanner.completion_tokens) == (9, 4)
+    responses = (
+        b'event: response.created\ndata: {"type":"response.created","response":{"usage":null,"text":null}}\n\n'
+        b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Hi"}\n\n'
+        b'event: response.completed\ndata: {"type":"response.completed","response":{"usage":'
+        b'{"input_tokens":7,"output_tokens":2,"total_tokens":9}}}\n\n'
+    )
+    scanner = SseScanner()
+    scanner.feed(responses, now_ns=1)
+    assert scanner.chunks == 1 and (scanner.prompt_tokens, scanner.completion_tokens) == (7, 2)

@@ -188,3 +188,18 @@ def test_an_internal_error_after_routing_charges_nothing(tmp_path: Path) -> None
     assert exchange.outcome == "internal_error"
     held = gateway.finish(exchange)
     assert held is not None and held.budgets  # the server settles it at 0 (outcome is not "routed")
+
+
+def test_anthropic_clients_authenticate_with_x_api_key(tmp_path: Path) -> None:
+    gateway, _ = make(tmp_path)
+    body = json.dumps({"model": "chat", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    exchange, early = gateway.headers(RequestHead("POST", "/v1/messages", {"x-api-key": "k-free"}))
+    assert early is None and exchange.caller is not None and exchange.caller.tenant.name == "free"
+    assert isinstance(gateway.body(exchange, body), Route)
+    for headers in ({"x-api-key": "wrong"}, {"x-api-key": ""}, {},
+                    # Authorization decides when present: a bad one is not rescued by a good x-api-key
+                    {"authorization": "Bearer wrong", "x-api-key": "k-free"},
+                    {"authorization": "Basic k-free", "x-api-key": "k-free"}):
+        _, early = gateway.headers(RequestHead("POST", "/v1/messages", headers))
+        assert early is not None and early.status == 401
+        assert json.loads(early.body)["error"]["type"] == "authentication_error"

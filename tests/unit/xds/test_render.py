@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -141,3 +142,45 @@ def test_audit_log_is_a_json_file_log_next_to_the_grpc_log() -> None:
     assert fields["client_request_id"] == "%REQ(X-REQUEST-ID)%"
     assert fields["prompt_tokens"] == "%DYNAMIC_METADATA(extproc.usage:prompt_tokens)%"
     assert "%REQ(AUTHORIZATION)%" not in str(fields)
+
+
+def test_usage_rules_read_every_response_shape() -> None:
+    filters = {f["name"]: f["typed_config"] for f in render_static(POLICY)["static_resources"][
+        "listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]}
+
+    def paths(rules: list[dict[str, Any]]) -> set[tuple[tuple[str, ...], str]]:
+        return {(tuple(s["key"] for s in r["selectors"]), r["on_present"]["key"]) for r in rules}
+
+    body = paths(filters["envoy.filters.http.json_to_metadata"]["response_rules"]["rules"])
+    stream = paths([r["rule"] for r in filters["envoy.filters.http.sse_to_metadata"]["response_rules"][
+        "content_parser"]["typed_config"]["rules"]])
+    for shape in (body, stream):  # OpenAI, and Anthropic / Responses JSON bodies and Anthropic's message_delta
+        assert {(("usage", "prompt_tokens"), "prompt_tokens"), (("usage", "input_tokens"), "prompt_tokens"),
+                (("usage", "output_tokens"), "completion_tokens")} <= shape
+    assert (("response", "usage", "input_tokens"), "prompt_tokens") in stream - body  # response.completed
+
+
+def test_local_replies_on_the_messages_path_are_anthropic_shaped() -> None:
+    hcm = render_static(POLICY)["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+    mappers = hcm["typed_config"]["local_reply_config"]["mappers"]
+    for anthropic, openai in zip(mappers[::2], mappers[1::2], strict=True):
+        # First match wins: each condition's Messages-path variant comes first.
+        assert anthropic["filter"]["and_filter"]["filters"][0] == openai["filter"]
+        assert anthropic["body_format_override"]["json_format"]["type"] == "error"
+        assert "code" in openai["body_format_override"]["json_format"]["error"]
+
+
+def test_envoy_tracer_is_rendered_only_with_tracing_on() -> None:
+    def hcm_and_clusters(extra: str) -> tuple[dict[str, Any], list[str]]:
+        static = render_static(parse_policy(POLICY_TEXT + extra))["static_resources"]
+        hcm = static["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+        return hcm, [c["name"] for c in static["clusters"]]
+
+    hcm, clusters = hcm_and_clusters("")
+    assert "tracing" not in hcm and "otel_collector" not in clusters
+    hcm, clusters = hcm_and_clusters("tracing: {enabled: true, otlp_endpoint: '10.1.2.3:4317', sample_ratio: 0.05}\n")
+    assert hcm["tracing"]["random_sampling"] == {"value": 5.0}
+    assert hcm["tracing"]["provider"]["typed_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == "otel_collector"
+    assert "otel_collector" in clusters
+    hcm, clusters = hcm_and_clusters("tracing: {enabled: true, envoy: false}\n")
+    assert "tracing" not in hcm and "otel_collector" not in clusters

@@ -1,0 +1,1 @@
+"""Vendored third-party protocol definitions (see NOTICE)."""

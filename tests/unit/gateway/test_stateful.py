@@ -1,0 +1,25 @@
+"""Responses ids that name the endpoint storing them (extproc/gateway/stateful.py)."""
+
+from __future__ import annotations
+
+from extproc.endpoints import Endpoint
+from extproc.gateway.stateful import endpoint_tag, new_response_id, pinned_endpoint
+
+POOL = [Endpoint("10.0.0.1:8000"), Endpoint("10.0.0.2:8000"), Endpoint("10.0.0.3:8000")]
+
+
+def test_an_id_leads_back_to_its_endpoint_on_any_replica() -> None:
+    for endpoint in POOL:
+        response_id = new_response_id("chat", endpoint.address)
+        assert response_id.startswith("resp_") and len(response_id) == 45
+        assert pinned_endpoint(response_id, "chat", POOL) is endpoint
+    first, second = (new_response_id("chat", POOL[0].address) for _ in range(2))
+    assert first != second  # 128 random bits each: unguessable, never chosen by a client
+
+
+def test_ids_that_name_no_usable_endpoint_pin_nothing() -> None:
+    response_id = new_response_id("chat", POOL[0].address)
+    assert pinned_endpoint(response_id, "chat", POOL[1:]) is None  # its endpoint is not usable now
+    assert pinned_endpoint(response_id, "other-pool", POOL) is None  # the tag is per pool
+    for forged in ("resp_" + endpoint_tag("chat", POOL[0].address), "resp_abc", "msg_" + response_id[5:], ""):
+        assert pinned_endpoint(forged, "chat", POOL) is None
