@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
-# extproc service image: `pip install .` (no demo/dev extras: no Envoy binary, no plotting) into a venv,
-# copied into a clean runtime stage that runs as a non-root user.
+# extproc service image: `pip install .[tracing]` (no demo/dev extras: no Envoy binary, no plotting) into a
+# venv, copied into a clean runtime stage that runs as a non-root user. `--build-arg EXTRAS=` leaves tracing out.
 #
 #   docker build -t extproc:0.1.0 .
 #   docker run --rm -p 9002:9002 -p 9003:9003 -v "$PWD/policy.yaml:/etc/extproc/policy.yaml:ro" extproc:0.1.0
@@ -9,6 +9,7 @@
 ARG PYTHON_IMAGE=python:3.11-slim
 
 FROM ${PYTHON_IMAGE} AS build
+ARG EXTRAS=tracing
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 # Every runtime dependency ships wheels for this Python, so no compiler is installed.
@@ -17,7 +18,7 @@ WORKDIR /src
 # Metadata first: the dependency layer is reused while only the code changes.
 COPY pyproject.toml README.md ./
 RUN mkdir extproc && touch extproc/__init__.py \
-    && /opt/extproc/bin/pip install . \
+    && /opt/extproc/bin/pip install ".${EXTRAS:+[$EXTRAS]}" \
     && /opt/extproc/bin/pip uninstall -y extproc
 COPY extproc ./extproc
 RUN /opt/extproc/bin/pip install --no-deps . \
