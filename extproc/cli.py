@@ -185,9 +185,15 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
               "One tenant's burst of concurrent requests against its tokens per minute, with and without the "
               "tier output cap and the prompt calibration; prints the tokens really used as a share of the budget."),
     "routing": ("extproc.bench.routing", "run_routing",
-                "TTFT, prefix-cache hit rate and load spread: Envoy LB policies vs our profiles.",
-                "Open-loop load against a simulated fleet through real Envoy, for Envoy's own round-robin and "
-                "least-request and for our scheduling profiles; writes JSON, Markdown and PNG plots."),
+                "TTFT, prefix-cache hit rate and load spread: our profiles vs peer routers and Envoy's LB policies.",
+                "Open-loop load against a simulated fleet, through real Envoy for Envoy's own round-robin and "
+                "least-request and for our scheduling profiles, or through sglang-router / vllm-router; writes JSON, "
+                "Markdown and PNG plots."),
+    "routing-suite": ("extproc.bench.routing_suite", "run_suite",
+                      "Every routing workload at 40% and 80% of capacity, ours vs the peer routers, with verdicts.",
+                      "Runs bench routing for the uniform, Zipf, multi-turn, mixed and drift cases with every "
+                      "strategy (ours, sglang-router, vllm-router, Envoy) over several seeds, then writes a summary "
+                      "with one table per case and issue 15's acceptance verdicts."),
     "canary": ("extproc.bench.canary", "run_canary",
                "Canary rollout under load: a faulty canary rolled back, a healthy one promoted.",
                "Two simulated pools behind one split with a rollout, open-loop load until the rollout ends; "

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extproc.bench.loadgen import RequestSpec
-from extproc.bench.workloads import JSON_HEADERS, RoutingWorkload, prompt_text
+from extproc.bench.routing_workloads import RoutingWorkload, prompt_text
+from extproc.bench.workloads import JSON_HEADERS
 
 __all__ = ["AgentSessions", "agents_workload"]
 

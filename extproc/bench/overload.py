@@ -51,6 +51,7 @@ __all__ = ["DEFAULT_LOADS", "DEFAULT_STRATEGIES", "MIX", "Demand", "capacity_rps
 
 DEFAULT_STRATEGIES = "envoy-least-request,default+noflow,default"
 DEFAULT_LOADS = "0.7,2"
+SLO_TTFT_S = 2.0  # default TTFT a served request must meet to count as goodput
 MODEL = "llama-3.1-8b-instruct"
 PROMPT_CHARS = 400  # ~100 tokens
 MAX_TOKENS = 128
@@ -314,6 +315,8 @@ def verdicts(rows: Sequence[Mapping[str, Any]], loads: Sequence[float],
 
 
 async def run_overload(args: argparse.Namespace) -> int:
+    if args.slo_ttft is None:
+        args.slo_ttft = SLO_TTFT_S
     strategies = [s.strip() for s in (args.strategies or DEFAULT_STRATEGIES).split(",") if s.strip()]
     bad = [s for s in strategies if s not in ENVOY_STRATEGIES and split_strategy(s)[0] != "default"]
     loads = [float(x) for x in (args.loads or DEFAULT_LOADS).split(",") if x.strip()]

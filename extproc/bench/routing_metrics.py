@@ -19,6 +19,7 @@ __all__ = [
     "cores_used",
     "counter_total",
     "endpoint_counts",
+    "engine_ttft",
     "hit_rate",
     "kv_blocks_for",
     "point_row",
@@ -92,6 +93,55 @@ def hit_rate(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, A
         "hit_tokens": int(hits), "query_tokens": int(queries), "per_replica": per_replica,
         "missing": sorted(set(before) ^ set(after)),
     }
+
+
+def _buckets(metrics_text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts of histogram `name` summed over all label sets: {upper bound: count}."""
+    found: dict[float, float] = {}
+    prefix = f"{name}_bucket{{"
+    for line in metrics_text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        head, _, value = line.rpartition(" ")
+        bound = head.partition('le="')[2].partition('"')[0]
+        try:
+            found[float(bound)] = found.get(float(bound), 0.0) + float(value)
+        except ValueError:
+            continue
+    return found
+
+
+def engine_ttft(before: Mapping[str, str], after: Mapping[str, str],
+                qs: Sequence[float] = (50, 90, 99)) -> dict[str, float | None]:
+    """TTFT percentiles (ms) as the engines saw them (arrival at the engine to first token: queue and prefill,
+    no proxy, network or client), from the delta of vllm:time_to_first_token_seconds over the run summed over
+    replicas, interpolated linearly inside a bucket as Prometheus' histogram_quantile does: coarse (vLLM's
+    buckets are 40, 60, 80, 100, 250, 500 ms ...), but unaffected by the proxy path's CPU."""
+    name = "vllm:time_to_first_token_seconds"
+    totals: dict[float, float] = {}
+    for address in set(before) & set(after):
+        then = _buckets(before[address], name)
+        for bound, count in _buckets(after[address], name).items():
+            totals[bound] = totals.get(bound, 0.0) + count - then.get(bound, 0.0)
+    bounds = sorted(totals)
+    out: dict[str, float | None] = {f"p{q:g}": None for q in qs}
+    if not bounds or totals[bounds[-1]] <= 0:
+        return out
+    total = totals[bounds[-1]]
+    for q in qs:
+        rank = q / 100.0 * total
+        lower, below = 0.0, 0.0
+        for bound in bounds:
+            count = totals[bound]
+            if count >= rank:
+                if math.isinf(bound):
+                    out[f"p{q:g}"] = round(lower * 1000.0, 1)
+                else:
+                    share = (rank - below) / (count - below) if count > below else 1.0
+                    out[f"p{q:g}"] = round((lower + (bound - lower) * share) * 1000.0, 1)
+                break
+            lower, below = bound, count
+    return out
 
 
 def endpoint_counts(samples: Iterable[Sample], endpoints: Sequence[str]) -> dict[str, int]:

@@ -293,6 +293,17 @@ class Policy(Strict):
         """Whether the service replicas exchange their in-flight counts through Redis (extproc.server.fleet)."""
         return self.limits.store == "redis" and self.flow_control.enabled and self.flow_control.fleet_sync_ms > 0
 
+    def shares_placements(self) -> bool:
+        """Whether the service replicas exchange where they placed prompt prefixes (extproc.server.placements)."""
+        return self.limits.store == "redis" and self.scheduling.placement_sync_ms > 0
+
+    def unshared_replicas(self) -> int:
+        """Service replicas that each place prompt prefixes without telling the others: 1 when this one is alone
+        or when placements are shared through Redis."""
+        if self.shares_placements():
+            return 1
+        return max(1, self.limits.replicas or len(self.envoy.extproc_endpoints))
+
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:
         seen_pools: set[str] = set()

@@ -93,7 +93,7 @@ class Runtime:
                             bounds.max_messages, bounds.max_choices)
         return cls(policy, version, pools, by_model, splits, json.dumps(listing, separators=(",", ":")).encode(),
                    Guard(policy.guard) if policy.guard.rules else None, limits,
-                   scheduler or Scheduler(policy.scheduling), found)
+                   scheduler or Scheduler(policy.scheduling, unshared_replicas=policy.unshared_replicas()), found)
 
 
 def _pools(policy: Policy, registry: EndpointRegistry, discovered: Mapping[str, tuple[str, ...]]) -> dict[str, Pool]:

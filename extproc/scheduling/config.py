@@ -42,6 +42,9 @@ class SchedulingConfig(Strict):
     plugins: tuple[PluginConfig, ...] = ()
     profiles: tuple[ProfileConfig, ...] = ()
     scrape: ScrapeConfig = ScrapeConfig()
+    placement_sync_ms: int = Field(default=50, ge=0, le=10_000,
+                                   description="with limits.store redis: how often service replicas exchange where "
+                                               "they placed prompt prefixes (extproc/server/placements.py); 0 = never")
     # A pool larger than this is scheduled over its nominated endpoints plus a random sample (0: never).
     max_candidates: int = Field(default=16, ge=0)
 
@@ -82,8 +85,9 @@ BUILTIN_PLUGINS = _plugins(
 )
 # Profiles every service knows without configuration.
 BUILTIN_PROFILE_CONFIGS = (
-    # Prefix affinity dominates (weight 3) while its own load bound and the saturation filter keep a
-    # hot prefix from overloading one endpoint; queue and KV scores break ties towards idle endpoints.
+    # Prefix affinity dominates (weight 3; its home outscores its spill by 2.4, more than queue and KV can add)
+    # while its hot threshold and the saturation filter keep a hot prefix from overloading one endpoint; queue
+    # and KV scores order the other endpoints (fallbacks, and requests without a prefix).
     _profile("default", ("saturation", 1), ("prefix", 3), ("queue", 1), ("kv", 1), ("lora", 1), ("max-score", 1)),
     _profile("load-only", ("saturation", 1), ("queue", 1), ("kv", 1), ("inflight", 1), ("lora", 1),
              ("max-score", 1)),

@@ -69,6 +69,22 @@ class Observer(Protocol):
 
 
 @runtime_checkable
+class SharedState(Protocol):
+    """Optional: plugins whose learned state the other service replicas should learn too (e.g. where prefixes
+    were placed), carried as text lines through Redis by `extproc.server.placements`."""
+
+    name: str
+
+    def export_shared(self) -> list[str]: ...
+
+    def import_shared(self, lines: Sequence[str]) -> int: ...
+
+    def unshared_replicas(self, count: int) -> None:
+        """`count` service replicas (this one included) decide alongside each other without sharing this state
+        (1: alone, or shared): the plugin must then decide alike in every replica from what they all see."""
+
+
+@runtime_checkable
 class Nominator(Protocol):
     """Optional: plugins that name the endpoints a request must be scored on even when a large pool is
     scheduled over a sample (e.g. the endpoints caching its prefix)."""

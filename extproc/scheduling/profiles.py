@@ -15,6 +15,7 @@ from extproc.scheduling.framework import (
     Profile,
     SchedulingRequest,
     Scorer,
+    SharedState,
     WeightedScorer,
 )
 from extproc.scheduling.plugins import register_builtins
@@ -49,16 +50,31 @@ def build_profiles(config: SchedulingConfig, registry: PluginRegistry) -> dict[s
 
 
 class Scheduler:
-    """Profiles of one policy version with their plugin state (e.g. the prefix index)."""
+    """Profiles of one policy version with their plugin state (e.g. the prefix directory).
 
-    def __init__(self, config: SchedulingConfig, registry: PluginRegistry | None = None) -> None:
+    `unshared_replicas`: service replicas (this one included) that decide without sharing plugin state with
+    each other (`Policy.unshared_replicas()`: 1 when alone or when the state is shared through Redis)."""
+
+    def __init__(self, config: SchedulingConfig, registry: PluginRegistry | None = None, *,
+                 unshared_replicas: int = 1) -> None:
         if registry is None:
             registry = PluginRegistry()
             register_builtins(registry)
         self.profiles = build_profiles(config, registry)
+        for plugin in self.shared().values():
+            plugin.unshared_replicas(unshared_replicas)
 
     def profile(self, name: str) -> Profile:
         return self.profiles[name]
+
+    def shared(self) -> dict[str, SharedState]:
+        """Plugin instances whose state the service replicas share, by plugin name."""
+        found: dict[str, SharedState] = {}
+        for profile in self.profiles.values():
+            for plugin in (*profile.filters, *(w.scorer for w in profile.scorers), profile.picker):
+                if isinstance(plugin, SharedState):
+                    found[plugin.name] = plugin
+        return found
 
     def schedule(self, profile: str, request: SchedulingRequest, endpoints: Sequence[Endpoint], count: int,
                  timer: PluginTimer | None = None, explain: Explanation | None = None) -> list[Endpoint]:

@@ -41,10 +41,17 @@ from extproc.server.fleet import FleetSync
 from extproc.server.grpc_auth import read_token
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
+from extproc.server.placements import PlacementSync
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.queue_sync import QueueSync
 from extproc.server.scaler import ScalerService
-from extproc.server.stores import build_calibration_sync, build_fleet_sync, build_queue_sync, build_store
+from extproc.server.stores import (
+    build_calibration_sync,
+    build_fleet_sync,
+    build_placement_sync,
+    build_queue_sync,
+    build_store,
+)
 from extproc.server.tls import CertificateReloader
 from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
@@ -102,6 +109,7 @@ class Service:
     tls: CertificateReloader | None = None
     fleet: FleetSync | None = None
     calibration_sync: CalibrationSync | None = None
+    placements: PlacementSync | None = None
     tracer: DecisionTracer | None = None  # policy tracing.enabled
     scaler: ScalerService | None = None  # KEDA's external scaler, with autoscaling.enabled (read at start)
     queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
@@ -148,6 +156,8 @@ class Service:
             await self.fleet.start()
         if self.calibration_sync is not None:
             await self.calibration_sync.start()
+        if self.placements is not None:
+            await self.placements.start()
         await self.keys_watcher.start()
         await self.rollouts.start()
         if self.policy_watcher is not None:
@@ -195,6 +205,8 @@ class Service:
             await self.fleet.stop()
         if self.calibration_sync is not None:
             await self.calibration_sync.stop()
+        if self.placements is not None:
+            await self.placements.stop()
         await self.discovery.stop()
         await self.pool_discovery.stop()
         if self.tls is not None:
@@ -272,6 +284,9 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
             scaler.others = queue_sync.others
     service.calibration_sync = build_calibration_sync(policy, parts.calibration)
     service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
+    service.placements = placements = build_placement_sync(policy, lambda: runtimes.current.scheduler)
+    if placements is not None:
+        metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
     if fleet is not None:
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))
         metrics.fleet_sync_failures.set_function(lambda: float(fleet.failures_total))

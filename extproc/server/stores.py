@@ -1,6 +1,6 @@
 """Build what a policy keeps in Redis, each over its own connection with the same address, credentials and TLS
 (`redis_settings`): the limit store (memory, or Redis with a failure policy), what the replicas exchange (in-flight
-counts, prompt calibration), and the rollout state."""
+counts, prompt calibration, prefix placements), and the rollout state."""
 
 from __future__ import annotations
 
@@ -21,8 +21,10 @@ from extproc.limits.slices import Slices
 from extproc.limits.types import Store
 from extproc.rollout.redis_store import RedisRolloutStore
 from extproc.rollout.state import MemoryRolloutStore, RolloutStore
+from extproc.scheduling import Scheduler
 from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync, replica_name
+from extproc.server.placements import PlacementSync
 from extproc.server.queue_sync import QueueSync
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
@@ -99,6 +101,15 @@ def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> Ca
     if redis_at is None or not policy.limits.calibrate_prompt_tokens:
         return None
     return CalibrationSync(redis_at.client(1.0, CalibrationSync.SCRIPTS), calibration)
+
+
+def build_placement_sync(policy: Policy, scheduler: Callable[[], Scheduler]) -> PlacementSync | None:
+    """Prefix placements shared by the service replicas, when Redis is the limits store."""
+    redis_at = redis_settings(policy)
+    if redis_at is None or not policy.shares_placements():
+        return None
+    interval_s = policy.scheduling.placement_sync_ms / 1000.0
+    return PlacementSync(redis_at.client(max(0.1, interval_s), PlacementSync.SCRIPTS), scheduler, interval_s)
 
 
 def build_rollout_store(policy: Policy) -> RolloutStore:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from extproc.sim.responses import StreamFormatter, chat_response, completion_res
 from extproc.sim.spec import ReplicaSpec
 from extproc.sim.tokens import Tokenizer
 
-__all__ = ["CrashedError", "OpenAIRoutes", "Planned", "abort_connection", "compact_json", "read_json"]
+__all__ = ["CrashedError", "OpenAIRoutes", "Planned", "RenderMemo", "abort_connection", "compact_json", "read_json"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,7 @@ class Planned:
     pieces: list[str]  # the output's text, token by token
     limits: Limits
 
+
 class CrashedError(Exception):
     """The crash_mid_stream fault cut this response's connection."""
 
@@ -51,14 +53,47 @@ def compact_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
+def parse_json(raw: bytes) -> dict[str, Any]:
     try:
-        body = await request.json(loads=json.loads)
+        body = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"Invalid JSON body: {exc}") from exc
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object")
     return body
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    return parse_json(await request.read())
+
+
+class RenderMemo:
+    """The last `size` render answers by request body, shared by the replicas of one simulator process.
+
+    A router that renders every request on every worker before choosing one (vllm-router's cache_aware) makes
+    this one process render and tokenize each prompt once per replica: work that a real fleet spreads over as
+    many API servers, and that here would slow the engines' step loop for every strategy. The answer of a
+    replica is the same as its siblings' for the same body (same template, same tokenizer), so it is kept;
+    each replica still checks the model it serves and gets its own request id.
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self.size = size
+        self._answers: OrderedDict[tuple[bool, bytes], tuple[dict[str, Any], str]] = OrderedDict()
+        self.hits = 0
+
+    def get(self, chat: bool, raw: bytes) -> tuple[dict[str, Any], str] | None:
+        """(the parsed body, the answer's JSON after its request id) or None."""
+        found = self._answers.get((chat, raw))
+        if found is not None:
+            self.hits += 1
+            self._answers.move_to_end((chat, raw))
+        return found
+
+    def put(self, chat: bool, raw: bytes, body: dict[str, Any], rest: str) -> None:
+        self._answers[(chat, raw)] = (body, rest)
+        while len(self._answers) > self.size:
+            self._answers.popitem(last=False)
 
 
 def abort_connection(request: web.Request) -> CrashedError:
@@ -72,9 +107,10 @@ def abort_connection(request: web.Request) -> CrashedError:
 class OpenAIRoutes:
     def __init__(self, spec: ReplicaSpec, engine: Engine, loop: EngineLoop, tokenizer: Tokenizer,
                  faults: Faults, adapters: Mapping[str, None] | None = None,
-                 check_awake: Callable[[], None] | None = None) -> None:
+                 check_awake: Callable[[], None] | None = None, renders: RenderMemo | None = None) -> None:
         """`adapters`: the LoRA adapters loaded now (runtime loading changes it); `check_awake` raises the 503 of
-        a sleeping engine (extproc/sim/lifecycle.py)."""
+        a sleeping engine (extproc/sim/lifecycle.py); `renders`: the process's shared render answers."""
+        self.renders = renders or RenderMemo()
         self.spec = spec
         self.adapters: Mapping[str, None] = adapters if adapters is not None else dict.fromkeys(spec.lora_adapters)
         self._check_awake = check_awake or (lambda: None)
@@ -189,17 +225,22 @@ class OpenAIRoutes:
         return response
 
     async def _render(self, request: web.Request, *, chat: bool) -> web.Response:
-        body = await read_json(request)
+        raw = await request.read()
+        known = self.renders.get(chat, raw)
+        body = known[0] if known is not None else parse_json(raw)
         model, _ = self.resolve_model(body)
-        text, prompt_ids = self._prompt(body, chat)
-        limits = parse_limits(body, len(prompt_ids), self.spec.profile, chat=chat)
-        sampling = {"max_tokens": limits.max_tokens, "min_tokens": limits.min_tokens,
-                    "ignore_eos": limits.ignore_eos, "seed": limits.seed}
-        return web.json_response({
-            "request_id": self._request_id(request, "chatcmpl-" if chat else "cmpl-"),
-            "model": model, "prompt": text, "token_ids": prompt_ids, "num_tokens": len(prompt_ids),
-            "sampling_params": sampling, "stream": limits.stream,
-        }, dumps=compact_json)
+        if known is not None:
+            rest = known[1]
+        else:
+            text, prompt_ids = self._prompt(body, chat)
+            limits = parse_limits(body, len(prompt_ids), self.spec.profile, chat=chat)
+            sampling = {"max_tokens": limits.max_tokens, "min_tokens": limits.min_tokens,
+                        "ignore_eos": limits.ignore_eos, "seed": limits.seed}
+            rest = compact_json({"model": model, "prompt": text, "token_ids": prompt_ids,
+                                 "num_tokens": len(prompt_ids), "sampling_params": sampling, "stream": limits.stream})
+            self.renders.put(chat, raw, body, rest)
+        request_id = compact_json(self._request_id(request, "chatcmpl-" if chat else "cmpl-"))
+        return web.Response(text=f'{{"request_id":{request_id},{rest[1:]}', content_type="application/json")
 
     async def chat_render(self, request: web.Request) -> web.Response:
         return await self._render(request, chat=True)

@@ -15,7 +15,14 @@ from extproc.sim.engine import Engine
 from extproc.sim.faults import FaultError, Faults, FaultSettings
 from extproc.sim.lifecycle import Lifecycle
 from extproc.sim.metrics import render_metrics
-from extproc.sim.openai_routes import CrashedError, OpenAIRoutes, abort_connection, compact_json, read_json
+from extproc.sim.openai_routes import (
+    CrashedError,
+    OpenAIRoutes,
+    RenderMemo,
+    abort_connection,
+    compact_json,
+    read_json,
+)
 from extproc.sim.protocol import ApiError, error_body
 from extproc.sim.router_routes import RouterRoutes
 from extproc.sim.scoring_routes import ScoringRoutes
@@ -40,7 +47,7 @@ class Replica:
     """Lives on one event loop; `start()` listens, `stop()` closes everything it opened."""
 
     def __init__(self, spec: ReplicaSpec, siblings: SiblingLookup | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, renders: RenderMemo | None = None) -> None:
         self.spec = spec
         self.port = spec.port
         self.engine = Engine(spec.profile, clock)
@@ -58,7 +65,7 @@ class Replica:
         self._resume_task: asyncio.Task[None] | None = None
         self.lifecycle = Lifecycle(spec, self.engine)
         self._routes = OpenAIRoutes(spec, self.engine, self.loop, self.tokenizer, self.faults,
-                                    self.lifecycle.adapters, self.lifecycle.check_awake)
+                                    self.lifecycle.adapters, self.lifecycle.check_awake, renders)
         self.app = self._build_app()
 
     @property

@@ -7,6 +7,7 @@ from types import TracebackType
 from typing import Any
 
 from extproc.sim.faults import FaultSettings
+from extproc.sim.openai_routes import RenderMemo
 from extproc.sim.replica import Replica
 from extproc.sim.spec import ReplicaSpec
 
@@ -21,7 +22,9 @@ class Fleet:
         addresses = [(s.host, s.port) for s in self.specs if s.port != 0]
         if len(set(addresses)) != len(addresses):
             raise ValueError("two replicas share one host:port")
-        self.replicas: list[Replica] = [Replica(spec, siblings=self.replica_on) for spec in self.specs]
+        self.renders = RenderMemo()  # one per process: see RenderMemo
+        self.replicas: list[Replica] = [Replica(spec, siblings=self.replica_on, renders=self.renders)
+                                        for spec in self.specs]
         self._started = False
 
     def replica_on(self, port: int) -> Replica | None:

@@ -87,6 +87,9 @@ class GatewayMetrics:
         self.fleet_sync_failures = Gauge(
             "extproc_flow_fleet_sync_failures", "Failed in-flight exchanges with the other replicas so far",
             registry=registry)
+        self.placement_sync_failures = Gauge(
+            "extproc_scheduling_placement_sync_failures", "Failed exchanges of prefix placements with the other "
+            "replicas so far (scheduling.placement_sync_ms)", registry=registry)
         self.store_primary_failures = Gauge(
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)

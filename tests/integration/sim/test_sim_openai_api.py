@@ -133,3 +133,27 @@ async def test_render_returns_prompt_and_ids_without_generating(
     assert fleet.replicas[0].stats()["requests"] == 0
     async with http.post(url + "/detokenize", json={"tokens": tokens}) as resp:
         assert (await resp.json())["prompt"] == rendered["prompt"]
+
+
+async def test_replicas_share_render_answers_but_check_their_own_model(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": 7}
+    answers = []
+    for replica, request_id in ((fleet.replicas[0], "a"), (fleet.replicas[1], "b")):
+        async with http.post(replica.url + "/v1/chat/completions/render", json=body,
+                             headers={"x-request-id": request_id}) as resp:
+            assert resp.status == 200 and resp.content_type == "application/json"
+            answers.append(await resp.json())
+    assert answers[0]["request_id"] == "chatcmpl-a" and answers[1]["request_id"] == "chatcmpl-b"
+    assert {k: v for k, v in answers[0].items() if k != "request_id"} == {
+        k: v for k, v in answers[1].items() if k != "request_id"}
+    assert answers[0]["model"] == MODEL and answers[0]["sampling_params"]["max_tokens"] == 7
+    assert fleet.renders.hits == 1  # rendered and tokenized once
+    adapter = {**body, "model": "sql"}  # only replica 0 serves it
+    async with http.post(fleet.replicas[0].url + "/v1/chat/completions/render", json=adapter) as resp:
+        assert resp.status == 200
+    async with http.post(fleet.replicas[1].url + "/v1/chat/completions/render", json=adapter) as resp:
+        assert resp.status == 404  # the memo never answers for a model the replica does not serve
+    async with http.post(fleet.replicas[1].url + "/v1/chat/completions/render", data=b"{not json") as resp:
+        assert resp.status == 400

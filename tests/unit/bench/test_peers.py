@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from extproc.bench import routing
+from extproc.bench import routing, routing_plan
 from extproc.bench.peers import PEERS, fallback_lines, find_binary, parse_samples, policy_check
 
 VLLM_METRICS = """# HELP x
@@ -77,10 +77,13 @@ def test_plan_accepts_peers_on_one_pool_only(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser()
     routing.configure(parser)
     base = ["--workdir", str(tmp_path / "w"), "--out", str(tmp_path / "o"), "--strategies"]
-    plan = routing._plan(parser.parse_args([*base, "sglang-cache-aware,vllm-router-power-of-two,default"]))
+    small = ["--prefix-tokens", "100", "--question-tokens", "10", "--qps", "1"]
+    strategies = "sglang-cache-aware,vllm-router-power-of-two,default"
+    plan = routing_plan.make_plan(parser.parse_args([*small, *base, strategies]))
     assert plan.strategies == ("sglang-cache-aware", "vllm-router-power-of-two", "default")
+    assert routing_plan.make_plan(parser.parse_args([*small, *base, "sglang-cache-aware", "--workload", "mixed"]))
     with pytest.raises(ValueError, match="front one pool"):
-        routing._plan(parser.parse_args([*base, "vllm-router-cache-aware", "--workload", "mixed"]))
+        routing_plan.make_plan(parser.parse_args([*base, "vllm-router-cache-aware", "--workload", "mixed-models"]))
 
 
 def test_power_of_two_evidence_needs_a_nonzero_load() -> None:

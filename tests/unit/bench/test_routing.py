@@ -7,11 +7,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extproc.bench import routing
+from extproc.bench import routing, routing_plan
 from extproc.bench.loadgen import RequestSpec
 from extproc.bench.routing_envoy import POOL_HEADER
-from extproc.bench.routing_report import series, write_reports
+from extproc.bench.routing_report import aggregate, series, write_reports
 from extproc.sim.profile import load_profile
+
+SMALL = ("--groups", "8", "--prefix-tokens", "200", "--question-tokens", "20")  # cheap to measure
 
 
 def _args(tmp_path: Path, *extra: str) -> argparse.Namespace:
@@ -27,27 +29,45 @@ def test_every_option_has_help() -> None:
 
 
 def test_plan_defaults_and_quick(tmp_path: Path) -> None:
-    plan = routing._plan(_args(tmp_path))
-    assert plan.strategies == ("envoy-round-robin", "envoy-least-request", "least-inflight", "default")
-    assert len(plan.qps) == 3 and plan.duration_s == 25.0
-    assert plan.kv_blocks == plan.sizing["auto_kv_blocks"]
-    assert 2 <= plan.sizing["working_set_per_replica_capacity"]["chat"] <= 4
+    plan = routing_plan.make_plan(_args(tmp_path, *SMALL))
+    assert plan.strategies == ("envoy-round-robin", "envoy-least-request", "default")
+    capacity = plan.capacity["rps"]
+    assert [load for _, load in plan.rates] == [0.4, 0.8] and plan.duration_s == 25.0 and plan.seeds == (0,)
+    assert plan.rates[1][0] == pytest.approx(0.8 * capacity, abs=0.01)
+    assert plan.kv_blocks == plan.sizing["auto_kv_blocks"] and plan.slo_ttft_s == 0.5
     assert plan.sizing["fleet_capacity_per_working_set"]["chat"] >= 1
-    profile = load_profile(plan.sim_args[1])  # the file the simulator gets, based on h100-8b
+    profile = load_profile(plan.sim_args(3)[1])  # the file the simulator gets, based on h100-8b
     assert profile.num_gpu_blocks == plan.kv_blocks and profile.step_base_s == load_profile("h100-8b").step_base_s
-    quick = routing._plan(_args(tmp_path, "--quick"))
-    assert quick.qps == (plan.qps[1],) and quick.duration_s == 20.0
-    assert routing._plan(_args(tmp_path, "--quick", "--qps", "5,9")).qps == (5.0,)
-    assert routing._plan(_args(tmp_path, "--kv-blocks", "900")).kv_blocks == 900
+    assert plan.sim_args(3)[-2:] == ("--seed", "3")
+    quick = routing_plan.make_plan(_args(tmp_path, *SMALL, "--quick"))
+    assert quick.rates == (plan.rates[1],) and quick.duration_s == 20.0
+    assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--quick", "--qps", "5,9")).rates == ((5.0, None),)
+    assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--kv-blocks", "900")).kv_blocks == 900
+    repeated = routing_plan.make_plan(_args(tmp_path, *SMALL, "--repeat", "3", "--seed", "4", "--replicas", "2",
+                                            "--strategies", "default,default@3"))
+    assert repeated.seeds == (4, 5, 6)
+    assert [repeated.service_replicas(s) for s in repeated.strategies] == [2, 3]
+
+
+def test_drift_moves_halfway_through_the_measured_run(tmp_path: Path) -> None:
+    plan = routing_plan.make_plan(_args(tmp_path, *SMALL, "--workload", "drift", "--qps", "10"))
+    workload = plan.workload_for(0, 10.0)  # 5 s warm-up + half of 25 s at 10 req/s: request 175
+    assert [workload.next_spec(i).labels["phase"] for i in (174, 175)] == ["before", "after"]
 
 
 def test_plan_rejects_bad_input(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown strategies"):
-        routing._plan(_args(tmp_path, "--strategies", "envoy-round-robin,nope"))
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin,nope"))
+    with pytest.raises(ValueError, match="unknown strategies"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin@3"))
+    with pytest.raises(ValueError, match="@N"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default@0"))
     with pytest.raises(ValueError, match="positive"):
-        routing._plan(_args(tmp_path, "--qps", "0"))
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "0"))
+    with pytest.raises(ValueError, match="not both"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "1", "--loads", "0.5"))
     with pytest.raises(ValueError, match="two pools"):
-        routing._plan(_args(tmp_path, "--workload", "mixed", "--endpoints", "1"))
+        routing_plan.make_plan(_args(tmp_path, "--workload", "mixed-models", "--endpoints", "1"))
 
 
 async def test_overload_rejects_unknown_strategies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -55,11 +75,15 @@ async def test_overload_rejects_unknown_strategies(tmp_path: Path, capsys: pytes
     assert "strategies must be" in capsys.readouterr().err
 
 
-def test_mixed_layout_has_two_pools_and_adapters() -> None:
-    layout = routing.layout_for("mixed", 8)
+def test_mixed_layouts() -> None:
+    layout = routing_plan.layout_for("mixed-models", 8)
     assert [(p.name, p.replicas, bool(p.lora)) for p in layout.pools] == [("chat", 4, True), ("code", 4, False)]
-    models = {json.loads(layout.workload(0).next_spec(i).body)["model"] for i in range(200)}
-    assert {routing.CHAT_MODEL, routing.CODE_MODEL, *routing.ADAPTERS} == models
+    models = {json.loads(layout.workload(0, None).next_spec(i).body)["model"] for i in range(200)}
+    assert {routing_plan.CHAT_MODEL, routing_plan.CODE_MODEL, *routing_plan.ADAPTERS} == models
+    one = routing_plan.layout_for("mixed", 8)
+    assert [(p.name, p.replicas, p.lora) for p in one.pools] == [("chat", 8, ())]
+    kinds = {one.workload(0, None).next_spec(i).labels["kind"] for i in range(200)}
+    assert kinds == {"long", "unique", "short"}
 
 
 def test_envoy_baselines_name_the_pool_in_a_header() -> None:
@@ -69,24 +93,32 @@ def test_envoy_baselines_name_the_pool_in_a_header() -> None:
 
 
 def test_reports_are_written(tmp_path: Path) -> None:
-    rows = [
-        {"strategy": "default", "qps": 4.0, "ttft_p50_ms": 50.0, "ttft_p99_ms": 400.0, "hit_rate": 0.9,
-         "saturated": []},
-        {"strategy": "default", "qps": 8.0, "ttft_p50_ms": 60.0, "ttft_p99_ms": None, "hit_rate": 0.8,
-         "saturated": ["sim"]},
-        {"strategy": "random", "qps": 4.0, "failed": "ChildExited: boom"},
-    ]
-    assert series(rows, "ttft_p99_ms", " p99") == {"default p99": [(4.0, 400.0)]}
+    def row(seed: int, p90: float, hit: float, **extra: object) -> dict[str, object]:
+        return {"strategy": "default", "qps": 4.0, "load": 0.4, "seed": seed, "ok": 100, "errors": 0,
+                "ttft_p50_ms": 30.0, "ttft_p90_ms": p90, "ttft_p99_ms": p90 * 2, "hit_rate": hit, "saturated": [],
+                "cores": {"sim": 0.2, "service": 0.1}, "max_cores": 0.2, **extra}
+
+    rows = [row(0, 50.0, 0.9), row(1, 70.0, 0.8, errors=2), row(2, 60.0, 0.85, saturated=["sim"]),
+            {"strategy": "random", "qps": 4.0, "load": 0.4, "seed": 0, "failed": "ChildExited: boom"}]
+    merged = aggregate(rows)
+    assert len(merged) == 1 and merged[0]["seeds"] == 3 and merged[0]["ttft_p90_ms"] == 60.0
+    assert merged[0]["ttft_p90_ms_range"] == "50-70" and merged[0]["hit_rate"] == 0.85
+    assert merged[0]["errors"] == 2 and merged[0]["saturated"] == ["sim"]
+    assert series(merged, "ttft_p99_ms", " p99") == {"default p99": [(0.4, 120.0)]}
     meta = {"workload": "shared-prefix", "endpoints": 8, "service_replicas": 1, "warmup_s": 5.0, "duration_s": 25.0,
-            "seed": 0, "isolation": "fresh stack", "wall_s": 1.0, "saturation_limit_cores": 0.9,
+            "seeds": [0, 1, 2], "isolation": "fresh stack", "wall_s": 1.0, "saturation_limit_cores": 0.9,
+            "slo_ttft_s": 0.5, "command": "extproc bench routing --repeat 3",
+            "capacity": {"rps": 10.0, "rule": "r", "pools": {"chat": {"share": 1.0}}},
             "kv_sizing": {"rule": "r", "working_set_tokens": {"chat": 1}, "kv_blocks": 1, "auto_kv_blocks": 1,
                           "working_set_per_replica_capacity": {}, "fleet_capacity_per_working_set": {}}}
-    paths = write_reports(tmp_path / "out", rows, [("strategy", "strategy"), ("qps", "qps"), ("hit_rate", "hit")],
-                          meta)
-    assert [p.name for p in paths] == ["results.json", "results.md", "ttft_vs_qps.png", "hit_rate_vs_qps.png"]
-    assert json.loads(paths[0].read_text())["points"][2]["failed"] == "ChildExited: boom"
+    paths = write_reports(tmp_path / "out", rows, meta)
+    assert [p.name for p in paths] == ["results.json", "results.md", "ttft_vs_load.png", "hit_rate_vs_load.png"]
+    report = json.loads(paths[0].read_text())
+    assert report["points"][3]["failed"] == "ChildExited: boom" and report["summary"][0]["seeds"] == 3
     text = paths[1].read_text()
-    assert "| default | 8.00 | 0.80 |" in text and "random @ 4: ChildExited" in text and "default @ 8: sim" in text
+    assert "| default | 0.40 | 4.00 | 3 |" in text and "random @ 4, seed 0: ChildExited" in text
+    assert "default @ 4: sim" in text and "`extproc bench routing --repeat 3`" in text
+    assert "| strategy | load | service | sim |" in text  # CPU per process
     assert all(p.stat().st_size > 0 for p in paths[2:])
-    assert yaml.safe_load(yaml.safe_dump(routing.sim_profile(700))) == {
+    assert yaml.safe_load(yaml.safe_dump(routing_plan.sim_profile(700))) == {
         "base": "h100-8b", "name": "h100-8b-kv700", "num_gpu_blocks": 700}

@@ -9,6 +9,7 @@ from extproc.bench.routing_metrics import (
     cores_used,
     counter_total,
     endpoint_counts,
+    engine_ttft,
     hit_rate,
     kv_blocks_for,
     saturated,
@@ -94,3 +95,24 @@ def test_cores_used_and_saturation() -> None:
     assert cores == {"sim": 0.95, "envoy": 0.1}
     assert saturated(cores) == ["sim"]
     assert cores_used({"a": 1.0}, {"a": 2.0}, 0.0) == {}
+
+
+def _ttft_text(counts: dict[str, float]) -> str:
+    bounds = ["0.04", "0.06", "0.08", "0.1", "0.25", "+Inf"]
+    total, lines = 0.0, []
+    for bound in bounds:
+        total += counts.get(bound, 0.0)
+        lines.append(f'vllm:time_to_first_token_seconds_bucket{{le="{bound}",model_name="m"}} {total}')
+    return "\n".join(lines) + "\nvllm:time_to_first_token_seconds_count 1\n"
+
+
+def test_engine_ttft_interpolates_the_runs_histogram_over_replicas() -> None:
+    before = {"a": _ttft_text({"0.04": 50}), "b": _ttft_text({})}
+    # Over the run: 80 requests under 40 ms, 10 in (40, 60], 10 in (100, 250] on the two replicas together.
+    after = {"a": _ttft_text({"0.04": 100, "0.06": 10}), "b": _ttft_text({"0.04": 30, "0.25": 10}),
+             "gone": _ttft_text({"0.25": 99})}
+    ttft = engine_ttft(before, after)
+    assert ttft["p50"] == 25.0  # rank 50 of 80 in [0, 40 ms]
+    assert ttft["p90"] == 60.0  # rank 90: the top of (40, 60]
+    assert ttft["p99"] == 235.0  # rank 99: 9 of 10 into (100, 250]
+    assert engine_ttft(before, before) == {"p50": None, "p90": None, "p99": None}

@@ -8,17 +8,21 @@ from extproc.bench.routing_options import (
     NOFLOW,
     PrefixShape,
     add_shape_options,
-    fleet_capacity_rps,
     parse_range,
+    service_replicas,
     split_strategy,
 )
-from extproc.bench.workloads import popularity_weights, shared_prefix_workload
-from extproc.sim.profile import Profile
+from extproc.bench.routing_workloads import popularity_weights, shared_prefix_workload
 
 
 def test_strategies_run_flow_control_as_shipped_unless_told_not_to() -> None:
     assert split_strategy("default") == ("default", True)
     assert split_strategy(f"load-only{NOFLOW}") == ("load-only", False)
+    assert split_strategy(f"default{NOFLOW}@3") == ("default", False) and split_strategy("default@3")[1]
+    assert service_replicas("default@3", 1) == 3 and service_replicas("default", 2) == 2
+    for bad in ("default@0", "default@x", "default@17"):
+        with pytest.raises(ValueError):
+            service_replicas(bad, 1)
 
 
 @pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])
@@ -49,16 +53,17 @@ def test_zipf_workload_asks_the_hot_group_most_and_exact_outputs_ignore_eos() ->
     assert b'"ignore_eos": true' in workload.next_spec(0).body
 
 
-def test_shape_from_args_and_capacity_at_a_prefix_hit_rate() -> None:
+def test_shape_from_args() -> None:
     parser = argparse.ArgumentParser()
     add_shape_options(parser)
+    parser.add_argument("--workload", default="shared-prefix")
     args = parser.parse_args(["--groups", "48", "--prefix-tokens", "3000", "--question-tokens", "300",
                               "--output-tokens", "100", "--popularity", "zipf:1.1"])
     shape = PrefixShape.from_args(args)
     assert shape == PrefixShape(48, (3000, 3000), (300, 300), (100, 100), "zipf:1.1")
-    profile = Profile()
-    perfect = fleet_capacity_rps(profile, 8, shape, hit_rate=1.0)
-    assert perfect == pytest.approx(8 * profile.capacity_rps(3308, 100, 308))
-    assert fleet_capacity_rps(profile, 8, shape) == pytest.approx(8 * profile.capacity_rps(3308, 100, 908))
+    assert PrefixShape.from_args(parser.parse_args([])) == PrefixShape()  # the shape, uniform
+    assert PrefixShape.from_args(parser.parse_args(["--workload", "drift"])).popularity == "zipf:1.1"
+    with pytest.raises(ValueError, match="hot set"):
+        PrefixShape.from_args(parser.parse_args(["--workload", "drift", "--popularity", "uniform"]))
     with pytest.raises(ValueError):
         PrefixShape.from_args(parser.parse_args(["--popularity", "zipf"]))

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from extproc.bench.loadgen import RequestSpec
-from extproc.bench.workloads import (
+from extproc.bench.routing_workloads import (
     MixedPool,
     MultiTurnChats,
     mixed_workload,
@@ -62,30 +62,36 @@ def test_shared_prefix_groups_share_exact_system_text() -> None:
     assert workload.prefix_working_set_tokens == {"chat": expected}
 
 
-def _conversations(chats: MultiTurnChats, count: int) -> dict[str, list[tuple[int, list[dict[str, str]]]]]:
-    by_conversation: dict[str, list[tuple[int, list[dict[str, str]]]]] = defaultdict(list)
+def _conversations(chats: MultiTurnChats, count: int) -> dict[str, list[tuple[int, int, dict[str, Any]]]]:
+    by_conversation: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
     for i in range(count):
         spec = chats(i)
-        by_conversation[spec.labels["conversation"]].append((int(spec.labels["turn"]), _body(spec)["messages"]))
+        by_conversation[spec.labels["conversation"]].append((i, int(spec.labels["turn"]), _body(spec)))
     return by_conversation
 
 
-def test_multi_turn_histories_grow_and_stay_prefix_identical() -> None:
-    conversations = _conversations(MultiTurnChats("m", seed=1, conversations=8), 300)
-    multi_turn = 0
+def test_multi_turn_histories_grow_round_robin_with_several_users_per_system_prompt() -> None:
+    chats = MultiTurnChats("m", seed=1, system_prompts=3, users=4, system_tokens=(50, 80))
+    conversations = _conversations(chats, 600)
+    systems: dict[str, set[str]] = defaultdict(set)
     for turns in conversations.values():
-        for number, (turn, messages) in enumerate(turns):
-            assert turn == number + 1
+        for number, (_, turn, body) in enumerate(turns):
+            messages = body["messages"]
+            assert turn == number + 1 and len(messages) == 2 * turn
             assert messages[0]["role"] == "system" and messages[-1]["role"] == "user"
-            assert len(messages) == 2 * turn  # system + (user, assistant) per earlier turn + the new question
-        for (_, before), (_, after) in itertools.pairwise(turns):
-            assert after[: len(before)] == before  # the previous prompt is an exact prefix
-            assert after[len(before)]["role"] == "assistant" and after[len(before)]["content"]
-            assert len(json.dumps(after)) > len(json.dumps(before))
-        multi_turn += len(turns) > 2
-        assert len(turns) <= 8
-    assert multi_turn > 10
-    assert len({m[0][1][0]["content"] for m in conversations.values()}) == len(conversations)
+            assert body["ignore_eos"] and 50 <= body["max_tokens"] <= 150
+        for (i, _, before), (j, _, after) in itertools.pairwise(turns):
+            assert j - i == 12  # one round of the 3 x 4 users later
+            assert after["messages"][: len(before["messages"])] == before["messages"]  # exact prefix
+            answer = after["messages"][len(before["messages"])]
+            assert answer["role"] == "assistant" and len(answer["content"].split()) == before["max_tokens"]
+        systems[turns[0][2]["messages"][0]["content"]].add(str(turns[0][0] % 12))
+    assert len(systems) == 3 and all(len(slots) == 4 for slots in systems.values())  # 4 users per prompt
+    lengths = [len(turns) for number, turns in conversations.items() if 12 <= int(number) < 40
+               and turns[-1][0] + 12 < 600]  # later conversations that ended within the sample
+    assert lengths and min(lengths) >= 5 and max(lengths) <= 10
+    first_round = [len(turns) for number, turns in conversations.items() if int(number) < 12]
+    assert min(first_round) < 5  # the first round is cut at random turns: ends are staggered
 
 
 def test_multi_turn_is_deterministic_and_ordered() -> None:
@@ -97,13 +103,50 @@ def test_multi_turn_is_deterministic_and_ordered() -> None:
     with pytest.raises(ValueError, match="in order"):
         skipping(3)
     assert _body(sequence[0]) != _body(MultiTurnChats("m", seed=6)(0))
-    workload = multi_turn_workload("m", seed=0, conversations=32)
+    workload = multi_turn_workload("m", seed=0, system_prompts=12, users=8)
     assert workload.name == "multi-turn"
-    # 32 conversations x (400 system + 8 + 5.5 turns x (28 + 80 + 16)) tokens at their longest.
-    assert workload.prefix_working_set_tokens == {"chat": round(32 * (400 + 8 + 5.5 * 124))}
+    systems = {_body(workload.next_spec(i))["messages"][0]["content"] for i in range(12)}
+    # 12 system prompts + 96 slots x 7.5 turns / 2 x (75 + 100 + 16) tokens.
+    expected = sum(len(s.split()) + 8 for s in systems) + 96 * 7.5 / 2 * 191
+    assert workload.prefix_working_set_tokens == {"chat": round(expected)}
 
 
-def test_mixed_hits_both_models_adapters_and_both_lengths() -> None:
+def test_drift_moves_the_hot_set_to_the_cold_half() -> None:
+    kwargs: dict[str, Any] = {"groups": 8, "prefix_tokens": (20, 20), "popularity": "zipf:1.5"}
+    steady = shared_prefix_workload("m", seed=2, **kwargs)
+    drift = shared_prefix_workload("m", seed=2, drift_after=100, **kwargs)
+    assert drift.name == "drift" and steady.name == "shared-prefix"
+    for i in range(300):
+        before, after = steady.next_spec(i).labels, drift.next_spec(i).labels
+        shift = 0 if i < 100 else 4
+        assert int(after["group"]) == (int(before["group"]) + shift) % 8
+        assert after["phase"] == ("before" if i < 100 else "after") and "phase" not in before
+    late = [drift.next_spec(i).labels["group"] for i in range(100, 1100)]
+    assert late.count("4") > 3 * late.count("0")
+
+
+def test_mixed_one_pool_has_shared_long_one_off_long_and_short_prompts() -> None:
+    workload = mixed_workload([MixedPool("chat", "m", 1.0, documents=48)], seed=1)
+    kinds: dict[str, int] = defaultdict(int)
+    texts: dict[str, set[str]] = defaultdict(set)
+    for i in range(1000):
+        spec = workload.next_spec(i)
+        system, user = _body(spec)["messages"]
+        kind = spec.labels["kind"]
+        kinds[kind] += 1
+        if kind == "long":
+            texts[spec.labels["group"]].add(system["content"])
+        elif kind == "unique":
+            assert len(user["content"].split()) > 1500
+            texts["unique"].add(user["content"])
+        else:
+            assert len(user["content"].split()) <= 200
+    assert 300 < kinds["long"] < 500 and 50 < kinds["unique"] < 150 and kinds["short"] > 400
+    assert len(texts["unique"]) == kinds["unique"]  # nobody shares a one-off prompt
+    assert len(texts) == 49 and all(len(t) == 1 for g, t in texts.items() if g != "unique")
+
+
+def test_mixed_models_hits_both_models_adapters_and_both_lengths() -> None:
     pools = (MixedPool("chat", "base", 0.6, ("lora-a", "lora-b")), MixedPool("code", "coder", 0.4))
     workload = mixed_workload(pools, seed=2)
     assert workload.next_spec(11) == mixed_workload(pools, seed=2).next_spec(11)
@@ -116,6 +159,8 @@ def test_mixed_hits_both_models_adapters_and_both_lengths() -> None:
         assert body["model"] == labels["model"]
         seen["pool:" + labels["pool"]].add(labels["model"])
         seen["kind"].add(labels["kind"])
+        if labels["kind"] == "unique":
+            continue
         if labels["kind"] == "long":
             documents[labels["group"]].add(body["messages"][0]["content"])
             assert len(body["messages"][0]["content"].split()) > 1500
@@ -123,7 +168,7 @@ def test_mixed_hits_both_models_adapters_and_both_lengths() -> None:
             assert len(body["messages"][1]["content"].split()) <= 200
     assert seen["pool:chat"] == {"base", "lora-a", "lora-b"}
     assert seen["pool:code"] == {"coder"}
-    assert seen["kind"] == {"long", "short"}
+    assert seen["kind"] == {"long", "unique", "short"}
     assert all(len(texts) == 1 for texts in documents.values())  # one document text per (name, document)
     all_texts = [t for texts in documents.values() for t in texts]
     assert len(all_texts) == len(set(all_texts))  # a document is cached under one name only

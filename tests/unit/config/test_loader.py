@@ -109,3 +109,16 @@ def test_request_timeout_may_be_off_or_above_every_wait() -> None:
     # Unset, it grows with the longest admission-queue wait: long waits configured before stay valid.
     patient = "flow_control: {classes: {standard: {priority: 1, max_wait_s: 120}}, default_class: standard}\n"
     assert parse_policy(pools + patient).request_timeout_s() == 120 + 1 + 30
+
+
+@pytest.mark.parametrize(("extra", "shares", "unshared"), [
+    ("", False, 1),  # one process
+    ("envoy: {extproc_endpoints: ['127.0.0.1:1', '127.0.0.1:2', '127.0.0.1:3']}\n", False, 3),  # no Redis
+    ("envoy: {extproc_endpoints: ['127.0.0.1:1', '127.0.0.1:2']}\nlimits: {store: redis, redis_url: 'redis://h/0'}\n",
+     True, 1),
+    ("envoy: {extproc_endpoints: ['127.0.0.1:1', '127.0.0.1:2']}\nlimits: {store: redis, redis_url: 'redis://h/0', "
+     "replicas: 4}\nscheduling: {placement_sync_ms: 0}\n", False, 4),
+])
+def test_replicas_placing_prefixes_without_sharing(extra: str, shares: bool, unshared: int) -> None:
+    policy = parse_policy(GOOD + extra, "p.yaml")
+    assert policy.shares_placements() is shares and policy.unshared_replicas() == unshared

@@ -10,7 +10,14 @@ from extproc.endpoints import EndpointRegistry
 from extproc.gateway.calibration import PromptCalibration
 from extproc.limits import MemoryStore
 from extproc.limits.cluster import ClusterClient
-from extproc.server.stores import REDIS_URL_ENV, build_calibration_sync, build_fleet_sync, build_store
+from extproc.scheduling import Scheduler
+from extproc.server.stores import (
+    REDIS_URL_ENV,
+    build_calibration_sync,
+    build_fleet_sync,
+    build_placement_sync,
+    build_store,
+)
 
 
 def policy(limits: dict[str, object], extproc_endpoints: list[str] | None = None) -> str:
@@ -77,6 +84,27 @@ async def test_replicas_share_prompt_calibration_through_the_limits_redis(
     sync = build_calibration_sync(parse_policy(policy(limits), "p.yaml"), PromptCalibration())
     assert (sync is not None) == shared
     if sync is not None:
+        await sync.stop()
+
+
+@pytest.mark.parametrize(("limits", "scheduling", "interval_s"), [
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {}, 0.05),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"placement_sync_ms": 200}, 0.2),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"placement_sync_ms": 0}, None),
+    ({}, {}, None),  # one replica's memory store: nobody to share with
+])
+async def test_replicas_share_prefix_placements_through_the_limits_redis(
+        monkeypatch: pytest.MonkeyPatch, limits: dict[str, object], scheduling: dict[str, object],
+        interval_s: float | None) -> None:
+    monkeypatch.delenv(REDIS_URL_ENV, raising=False)
+    doc = yaml.safe_load(policy(limits))
+    doc["scheduling"] = scheduling
+    policy_ = parse_policy(yaml.safe_dump(doc), "p.yaml")
+    sync = build_placement_sync(policy_, lambda: Scheduler(policy_.scheduling))
+    if interval_s is None:
+        assert sync is None
+    else:
+        assert sync is not None and sync.interval_s == interval_s
         await sync.stop()
 
 

@@ -1,59 +1,176 @@
 from __future__ import annotations
 
+from collections import Counter
+
+from extproc.config.schema import SchedulingConfig
+from extproc.endpoints import Endpoint
+from extproc.scheduling import Scheduler
 from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinityScorer
 from tests.unit.scheduling.helpers import endpoint, fleet, request
 
-SYSTEMS = [f"System prompt number {g}: " + f"rule {g} " * 200 for g in range(40)]
+SYSTEMS = [f"System prompt number {g}: " + f"rule {g} " * 200 for g in range(48)]
 
 
-def home(scorer: PrefixAffinityScorer, prompt: str, endpoints: list) -> int:  # type: ignore[type-arg]
+def home(scorer: PrefixAffinityScorer, prompt: str, endpoints: list[Endpoint]) -> int:
     scores = scorer.score(request(prompt), endpoints)
     assert scores.count(1.0) == 1
     return scores.index(1.0)
 
 
-def test_same_prefix_same_home_in_independent_replicas() -> None:
+def send(scorer: PrefixAffinityScorer, prompt: str, endpoints: list[Endpoint]) -> int:
+    """Score, then route to the home as the gateway does (observe + one more request in flight there)."""
+    chosen = home(scorer, prompt, endpoints)
+    scorer.observe(request(prompt), endpoints[chosen])
+    endpoints[chosen].in_flight += 1
+    return chosen
+
+
+def loaded(endpoints: list[Endpoint], index: int, requests: int) -> None:
+    endpoints[index] = endpoint(endpoints[index].address, running=requests)
+
+
+def test_independent_replicas_place_a_new_prefix_alike_on_an_idle_fleet() -> None:
     endpoints = fleet(8)
     replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
     for system in SYSTEMS:
-        first = home(replica_a, system + "question one?", endpoints)
-        assert home(replica_a, system + "another, different question", endpoints) == first
-        assert home(replica_b, system + "a third question", endpoints) == first
+        assert home(replica_a, system + "question one?", endpoints) == home(replica_b, system + "other", endpoints)
 
 
-def test_groups_spread_over_the_pool() -> None:
+def test_new_prefixes_spread_evenly_and_then_stay() -> None:
     endpoints = fleet(8)
     scorer = PrefixAffinityScorer("p", Params())
-    homes = [home(scorer, system, endpoints) for system in SYSTEMS]
-    assert len(set(homes)) >= 7
-    assert max(homes.count(h) for h in set(homes)) <= 12
+    homes = [send(scorer, system + " first question", endpoints) for system in SYSTEMS]
+    counts = Counter(homes)
+    assert len(counts) == 8 and max(counts.values()) - min(counts.values()) <= 1  # 6 groups each
+    for group, system in enumerate(SYSTEMS):  # later questions follow their group's home
+        assert home(scorer, system + f" question {group}", endpoints) == homes[group]
 
 
-def test_overloaded_home_spills_to_the_next_ranked_endpoint() -> None:
+def test_a_home_keeps_its_prefix_under_moderate_imbalance() -> None:
     endpoints = fleet(8)
-    scorer = PrefixAffinityScorer("p", Params(load_bound=1.25))
-    prompt = SYSTEMS[0] + "q"
-    first = home(scorer, prompt, endpoints)
-    second = scorer.score(request(prompt), endpoints).index(0.5)
-    endpoints[first] = endpoint(endpoints[first].address, running=16, waiting=20)
-    assert home(scorer, prompt, endpoints) == second
+    scorer = PrefixAffinityScorer("p", Params())
+    first = send(scorer, SYSTEMS[0] + " q", endpoints)
+    loaded(endpoints, first, 14)
+    for i in range(8):
+        if i != first:
+            loaded(endpoints, i, 4)  # average 5.25: the old bound of 1.25 x (average + 1) would move it; hot is
+            # 1.5 x 5.25 + 8 = 15.9
+    assert home(scorer, SYSTEMS[0] + " another", endpoints) == first
 
 
-def test_learned_index_knows_deeper_matches() -> None:
+def test_a_hot_prefix_gains_a_home_and_spreads_over_its_homes() -> None:
+    endpoints = fleet(8)
+    scorer = PrefixAffinityScorer("p", Params())
+    first = send(scorer, SYSTEMS[0] + " q0", endpoints)
+    loaded(endpoints, first, 40)  # average 5, hot at 15.5
+    second = send(scorer, SYSTEMS[0] + " q1", endpoints)
+    assert second != first
+    loaded(endpoints, first, 10)  # no longer hot: both are homes now, the less loaded one takes it
+    loaded(endpoints, second, 12)
+    assert home(scorer, SYSTEMS[0] + " q2", endpoints) == first
+    loaded(endpoints, first, 13)
+    assert home(scorer, SYSTEMS[0] + " q3", endpoints) == second
+
+
+def test_a_conversation_follows_its_deepest_prefix_then_falls_back_to_its_system_prompt() -> None:
     endpoints = fleet(4)
-    scorer = PrefixAffinityScorer("p", Params(anchor_blocks=2))
+    scorer = PrefixAffinityScorer("p", Params(load_slack=2.0))
+    system_home = send(scorer, SYSTEMS[1], endpoints)
+    loaded(endpoints, system_home, 30)  # hot: the prefix gains a second home
+    second_home = send(scorer, SYSTEMS[1] + " user: other chat " * 20, endpoints)
+    loaded(endpoints, system_home, 0)
     conversation = SYSTEMS[1] + " user: hello " * 30
-    chosen = endpoints[3]
-    scorer.observe(request(conversation), chosen)
+    chosen = send(scorer, conversation, endpoints)
     follow_up = conversation + " assistant: hi there " * 10 + " user: next question"
-    scores = scorer.score(request(follow_up), endpoints)
-    assert scores[3] >= 0.6  # most of the follow-up's blocks were sent to endpoint 3
+    assert home(scorer, follow_up, endpoints) == chosen  # the conversation's own endpoint, not another home
+    loaded(endpoints, chosen, 30)  # hot: move to the other endpoint holding the system prompt
+    assert home(scorer, follow_up, endpoints) == ({system_home, second_home} - {chosen}).pop()
 
 
-def test_short_prompts_get_no_affinity_and_index_is_bounded() -> None:
+def test_a_new_prefix_avoids_an_endpoint_busy_with_a_long_prefill() -> None:
+    endpoints = fleet(2)
+    scorer = PrefixAffinityScorer("p", Params())
+    target = home(scorer, SYSTEMS[2], endpoints)  # where rank alone would put it
+    long_prompt = "a long one-off document " * 600
+    scorer.observe(request(long_prompt), endpoints[target])  # ~3,600 uncached tokens just sent there
+    assert home(scorer, SYSTEMS[2], endpoints) != target
+    without = PrefixAffinityScorer("p", Params(prefill_decay_ms=0))
+    without.observe(request(long_prompt), endpoints[target])
+    assert home(without, SYSTEMS[2], endpoints) == target
+
+
+def test_scoring_changes_nothing_short_prompts_get_no_affinity_and_memory_is_bounded() -> None:
     endpoints = fleet(4)
-    scorer = PrefixAffinityScorer("p", Params(index_capacity=50))
+    scorer = PrefixAffinityScorer("p", Params(index_capacity=50, homes=2))
     assert scorer.score(request("short"), endpoints) == [0.0] * 4
+    before = scorer.score(request(SYSTEMS[0]), endpoints)
+    assert scorer.score(request(SYSTEMS[0]), endpoints) == before and len(scorer.directory) == 0
     for system in SYSTEMS[:5]:
-        scorer.observe(request(system), endpoints[0])
-    assert len(scorer._index) == 50
+        for e in endpoints:
+            scorer.observe(request(system), e)
+    assert len(scorer.directory) == 50
+    assert len(scorer.directory.match(request(SYSTEMS[4]).prefix_blocks, [e.address for e in endpoints])) == 2
+
+
+def test_placements_carry_to_another_replica() -> None:
+    endpoints = fleet(8)
+    replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
+    assert replica_a.export_shared() == []  # starts recording
+    loaded(endpoints, home(replica_a, SYSTEMS[3], endpoints), 3)  # A's first choice is busy now
+    placed = send(replica_a, SYSTEMS[3] + " chat " * 40, endpoints)
+    lines = replica_a.export_shared()
+    assert replica_a.export_shared() == []  # sent once
+    loaded(endpoints, placed, 6)  # B alone would place this prefix elsewhere now
+    follow_up = SYSTEMS[3] + " chat " * 40 + " more " * 20
+    assert home(replica_b, follow_up, endpoints) != placed
+    assert replica_b.import_shared([*lines, "", "10.0.0.9:8000 not-a-hash", "10.0.0.9:8000 -5"]) == len(lines)
+    assert home(replica_b, follow_up, endpoints) == placed
+
+
+def test_replicas_that_share_nothing_place_by_rank_whatever_their_load_views() -> None:
+    view_a, view_b = fleet(8), fleet(8)
+    replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
+    for scorer in (replica_a, replica_b):
+        scorer.unshared_replicas(3)
+    for system in SYSTEMS[:12]:
+        first_choice = home(replica_a, system, view_a)
+        loaded(view_a, first_choice, 4)  # a sees its first choice busier than b does (not hot: hot is 12.5+)
+        assert home(replica_a, system, view_a) == first_choice == home(replica_b, system, view_b)
+        loaded(view_a, first_choice, 0)
+    balanced = PrefixAffinityScorer("alone", Params())  # alone (or shared): the load decides
+    first_choice = home(balanced, SYSTEMS[0], view_a)
+    loaded(view_a, first_choice, 4)
+    assert home(balanced, SYSTEMS[0], view_a) != first_choice
+    loaded(view_a, first_choice, 40)  # hot: even replicas sharing nothing place elsewhere
+    assert home(replica_a, SYSTEMS[0], view_a) != first_choice
+
+
+def test_a_home_learned_from_another_replica_counts_as_deep_as_one_placed_here() -> None:
+    endpoints = fleet(8)
+    replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
+    replica_a.export_shared()
+    # 22 blocks of system prompt (1,424 characters), then a question of many blocks.
+    placed_by_a = send(replica_a, SYSTEMS[5] + " a long question" * 30, endpoints)
+    replica_b.import_shared(replica_a.export_shared())  # every fourth block and the last: b knows 20 deep
+    others = [i for i in range(8) if i != placed_by_a]
+    replica_b.observe(request(SYSTEMS[5] + " another one" * 30), endpoints[others[0]])  # b placed it too: 22
+    loaded(endpoints, others[0], 3)
+    loaded(endpoints, placed_by_a, 1)
+    assert home(replica_b, SYSTEMS[5] + " next question", endpoints) == placed_by_a  # the less loaded home
+    loaded(endpoints, placed_by_a, 5)
+    assert home(replica_b, SYSTEMS[5] + " next question", endpoints) == others[0]
+
+
+def test_in_the_default_profile_queue_and_kv_scores_never_outweigh_the_home() -> None:
+    scheduler = Scheduler(SchedulingConfig())
+    endpoints = fleet(4)
+    prompt = SYSTEMS[6] + " question"
+    chosen = scheduler.schedule("default", request(prompt), endpoints, 2)
+    scheduler.profile("default").observe(request(prompt), chosen[0])
+    home_index = endpoints.index(chosen[0])
+    spill_index = endpoints.index(chosen[1])
+    # The home is the most queued endpoint with the fullest cache (not full: nothing makes it saturated), the
+    # spill idle with an empty cache; the home is not hot (hot: 1.5 x 1.5 + 8).
+    endpoints[home_index] = endpoint(endpoints[home_index].address, running=4, waiting=2, kv=0.9)
+    endpoints[spill_index] = endpoint(endpoints[spill_index].address, kv=0.0)
+    assert scheduler.schedule("default", request(prompt + " again"), endpoints, 1)[0] is endpoints[home_index]

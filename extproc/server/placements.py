@@ -1,0 +1,106 @@
+"""Prefix placements shared between service replicas through Redis.
+
+`prefix-affinity-scorer` learns where each prompt prefix was sent. Envoy spreads requests over the service
+replicas, so without sharing each replica would learn only its own share and place the same prefix anew, on
+an endpoint of its own choosing: the prefix would be cached (and prefilled) up to once per replica, and a
+conversation's next turn, decided by another replica, would not find the endpoint holding its history.
+
+Every `scheduling.placement_sync_ms` each replica appends what its plugins placed since the last exchange
+(`SharedState.export_shared`: text lines per plugin name) to one Redis stream (`PLACEMENTS_KEY`, trimmed to
+about `STREAM_LIMIT` entries) and reads, in the same script call, every entry after the last one it read;
+entries of the other replicas go to the plugins of the same name (`import_shared`). Two replicas that place
+a new prefix within one interval both keep their placements: the prefix then has two homes, which the
+scorer spreads its requests over. A replica that starts reads the retained stream first (a batch per
+interval), so it knows the fleet's recent placements. Nothing here runs on the request path; a failed
+exchange is retried at the next interval with the placements it could not send.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from extproc.limits.cluster import RedisClient
+from extproc.limits.resp import Script
+from extproc.scheduling import Scheduler
+from extproc.server.fleet import ReplicaExchange, replica_name
+
+__all__ = ["PLACEMENTS_KEY", "STREAM_LIMIT", "PlacementSync"]
+
+_log = logging.getLogger(__name__)
+
+PLACEMENTS_KEY = "sched:placements"
+STREAM_LIMIT = 20_000  # entries kept (approximately): a starting replica reads at most this many
+_READ_BATCH = 500  # entries read per exchange
+_SEND_LIMIT = 2_000  # lines sent per exchange per plugin (older ones beyond it are dropped)
+_KEY_TTL_MS = 3_600_000  # the stream expires an hour after the last replica stopped writing
+
+# KEYS[1] the stream; ARGV: replica id, payload ('' = nothing to add), trim length, cursor, batch, TTL ms.
+# Returns {last id read or the cursor, id, replica, payload, id, replica, payload, ...}. XRANGE is inclusive of
+# the cursor, so the entry equal to it (already read) is skipped.
+_EXCHANGE = Script(r"""
+if ARGV[2] ~= '' then
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'r', ARGV[1], 'p', ARGV[2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[6])
+local entries = redis.call('XRANGE', KEYS[1], ARGV[4], '+', 'COUNT', tonumber(ARGV[5]) + 1)
+local out = {ARGV[4]}
+for _, entry in ipairs(entries) do
+  if entry[1] ~= ARGV[4] then
+    local fields = entry[2]
+    local replica, payload = '', ''
+    for i = 1, #fields, 2 do
+      if fields[i] == 'r' then replica = fields[i + 1] elseif fields[i] == 'p' then payload = fields[i + 1] end
+    end
+    out[#out + 1] = entry[1]
+    out[#out + 1] = replica
+    out[#out + 1] = payload
+  end
+end
+if #out > 1 then out[1] = out[#out - 2] end
+return out
+""")
+
+
+class PlacementSync(ReplicaExchange):
+    SCRIPTS = (_EXCHANGE,)
+    WHAT = "prefix placement sync"
+
+    def __init__(self, client: RedisClient, scheduler: Callable[[], Scheduler], interval_s: float, *,
+                 replica_id: str | None = None) -> None:
+        super().__init__(client, interval_s)
+        self._scheduler = scheduler  # the current one: a policy reload replaces it (and its plugins' state)
+        self.replica_id = replica_id or replica_name()
+        self._cursor = "0-0"
+        self._unsent: dict[str, list[str]] = {}
+        self.sent_lines = 0
+        self.learned_lines = 0
+
+    async def sync_once(self) -> None:
+        for name, source in self._scheduler().shared().items():
+            lines = self._unsent.setdefault(name, [])
+            lines += source.export_shared()
+            del lines[: max(0, len(lines) - _SEND_LIMIT)]
+        unsent = {name: lines for name, lines in self._unsent.items() if lines}
+        payload = json.dumps(unsent, separators=(",", ":")) if unsent else ""
+        reply = await self._client.evalsha(_EXCHANGE, [PLACEMENTS_KEY], [
+            self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS])
+        self.sent_lines += sum(len(lines) for lines in unsent.values())
+        self._unsent = {}
+        self._cursor = reply[0].decode()
+        plugins = self._scheduler().shared()
+        for i in range(1, len(reply) - 2, 3):
+            if reply[i + 1].decode() == self.replica_id:
+                continue
+            try:
+                placed = json.loads(reply[i + 2])
+            except ValueError:
+                _log.debug("ignoring malformed placement entry %s", reply[i])
+                continue
+            if not isinstance(placed, dict):
+                continue
+            for name, lines in placed.items():
+                target = plugins.get(name)
+                if target is not None and isinstance(lines, list):
+                    self.learned_lines += target.import_shared([x for x in lines if isinstance(x, str)])

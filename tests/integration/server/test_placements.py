@@ -1,0 +1,99 @@
+"""Prefix placements shared between service replicas through a real redis-server."""
+
+from __future__ import annotations
+
+import pytest
+from redis.asyncio import Redis
+
+from extproc.config.schema import SchedulingConfig
+from extproc.endpoints import Endpoint
+from extproc.limits import StoreUnavailable
+from extproc.limits.resp import Address, RespClient
+from extproc.scheduling import Scheduler
+from extproc.scheduling.plugins.prefix_affinity import PrefixAffinityScorer
+from extproc.server.placements import PLACEMENTS_KEY, PlacementSync
+from tests.integration.limits.redis_server import RedisServer
+from tests.unit.scheduling.helpers import fleet, request
+
+pytestmark = pytest.mark.integration
+
+SYSTEM = "You are the assistant of a shop. " + "Answer politely and briefly. " * 60
+
+
+def replica(server: RedisServer, name: str) -> tuple[PlacementSync, Scheduler]:
+    scheduler = Scheduler(SchedulingConfig())
+    client = RespClient(Address.from_url(server.url), timeout_s=1.0, scripts=PlacementSync.SCRIPTS)
+    return PlacementSync(client, lambda: scheduler, 0.02, replica_id=name), scheduler
+
+
+def prefix_plugin(scheduler: Scheduler) -> PrefixAffinityScorer:
+    plugin = scheduler.shared()["prefix"]
+    assert isinstance(plugin, PrefixAffinityScorer)
+    return plugin
+
+
+def route(scheduler: Scheduler, prompt: str, endpoints: list[Endpoint]) -> Endpoint:
+    scheduling = request(prompt)
+    picked = scheduler.schedule("default", scheduling, endpoints, 1)[0]
+    scheduler.profile("default").observe(scheduling, picked)
+    return picked
+
+
+async def test_a_replica_follows_what_another_placed_and_a_late_starter_catches_up(server: RedisServer) -> None:
+    (a, sched_a), (b, sched_b) = replica(server, "a"), replica(server, "b")
+    endpoints = fleet(8)
+    try:
+        for sync in (a, b):
+            await sync.sync_once()  # both start recording their placements
+        conversation = SYSTEM + " user: where is my order? " * 20
+        follow_up = conversation + " assistant: on its way " * 10 + " user: when?"
+        alone = endpoints[prefix_plugin(sched_b).score(request(follow_up), endpoints).index(1.0)]
+        alone.in_flight = 5  # a places it elsewhere than an idle fleet's first choice, b alone would not
+        placed = route(sched_a, conversation, endpoints)
+        alone.in_flight = 0
+        assert placed is not alone
+        await a.sync_once()
+        await b.sync_once()
+        assert a.sent_lines == 1 and b.learned_lines == 1
+        assert route(sched_b, follow_up, endpoints) is placed
+        await b.sync_once()
+        await a.sync_once()  # a reads b's placement, never its own
+        assert a.learned_lines == 1
+        late, sched_late = replica(server, "late")
+        await late.sync_once()
+        assert late.learned_lines == 2 and route(sched_late, follow_up + " more", endpoints) is placed
+        raw = Redis.from_url(server.url)
+        try:
+            assert await raw.xlen(PLACEMENTS_KEY) == 2 and await raw.pttl(PLACEMENTS_KEY) > 0
+            # Entries another writer corrupted are skipped, and the exchange goes on.
+            await raw.xadd(PLACEMENTS_KEY, {"r": "x", "p": "not json"})
+            await raw.xadd(PLACEMENTS_KEY, {"r": "x", "p": '{"prefix": ["10.0.0.9:8000 abc", 7]}'})
+            await late.sync_once()
+            assert late.learned_lines == 2
+        finally:
+            await raw.aclose()
+    finally:
+        for sync in (a, b):
+            await sync.stop()
+
+
+async def test_placements_wait_for_redis_when_it_is_down(server: RedisServer) -> None:
+    (a, sched_a), (b, sched_b) = replica(server, "a"), replica(server, "b")
+    endpoints = fleet(4)
+    try:
+        await a.sync_once()
+        await b.sync_once()
+        placed = route(sched_a, SYSTEM + " first", endpoints)
+        server.kill()
+        with pytest.raises(StoreUnavailable):
+            await a.sync_once()
+        assert a.sent_lines == 0  # kept for the next exchange
+        server.start()
+        await a.sync_once()
+        await b.sync_once()
+        assert a.sent_lines == 1 and b.learned_lines == 1
+        endpoints[endpoints.index(placed)].in_flight = 2  # b alone would now place it elsewhere
+        assert route(sched_b, SYSTEM + " second", endpoints) is placed
+    finally:
+        for sync in (a, b):
+            await sync.stop()
