@@ -127,5 +127,6 @@ class Lifecycle:
 
     def stats(self) -> dict[str, Any]:
         return {"sleeping": self.sleeping, "sleep_level": self.level, "adapters": list(self.adapters),
+                "adapters_loading": sorted(self._loading),
                 "sleeps": self.sleeps, "wake_ups": self.wake_ups, "adapter_loads": self.loads,
                 "adapter_unloads": self.unloads}

@@ -120,14 +120,17 @@ async def test_fail_closed_a_routed_stream_outlives_the_service_and_the_rest_get
         stack.children["service"] = await start_service_with(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            routed = asyncio.Event()
+
             async def stream() -> tuple[int, bool, str]:
                 async with http.post(url, json=body) as response:
+                    routed.set()  # the response headers came: the decision reached Envoy
                     lines = [line async for line in response.content]
                     return (response.status, b"data: [DONE]\n" in lines,
                             response.headers.get("x-gateway-upstream-host", ""))
 
             running = asyncio.create_task(stream())
-            await asyncio.sleep(0.5)
+            await asyncio.wait_for(routed.wait(), 10)
             stack.children["service"].send_signal(signal.SIGKILL)
             status, done, host = await running
             assert (status, done) == (200, True)

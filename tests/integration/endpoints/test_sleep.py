@@ -3,7 +3,6 @@ then arrives is held while the service wakes it, then served."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -16,6 +15,7 @@ import pytest_asyncio
 
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -56,10 +56,10 @@ async def test_an_idle_engine_sleeps_and_a_request_wakes_it(stack: Stack, http: 
     envoy = f"http://127.0.0.1:{stack.envoy_port}"
     sim = f"http://127.0.0.1:{stack.sim_ports['nap'][0]}"
     assert (await chat(http, envoy))[0] == 200
-    deadline = time.monotonic() + 15
-    while not (await sim_stats(http, sim))["sleeping"]:  # idle for sleep_after_idle_s: the service puts it to sleep
-        assert time.monotonic() < deadline, "the idle engine was never put to sleep"
-        await asyncio.sleep(0.1)
+    async def asleep() -> bool:  # idle for sleep_after_idle_s: the service puts it to sleep
+        return bool((await sim_stats(http, sim))["sleeping"])
+
+    await eventually(asleep, "the idle engine put to sleep", timeout_s=15, interval_s=0.1)
     status, body = await chat(http, sim)  # really asleep: the engine itself refuses
     assert status == 503 and "sleeping" in body["error"]["message"]
     started = time.monotonic()

@@ -5,7 +5,6 @@ conversation kept on the endpoint that stores it."""
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ import pytest_asyncio
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
 from extproc.tenants import hash_key
+from tests.support import eventually, holds_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -95,23 +95,30 @@ async def settled_tokens(stack: Stack) -> float:
 
 
 async def quiet_total(stack: Stack) -> float:
-    """The usage total once earlier tests' access-log entries have arrived: unchanged across 0.3 s (bounded)."""
-    last = await settled_tokens(stack)
-    for _ in range(20):
-        await asyncio.sleep(0.3)
-        now = await settled_tokens(stack)
-        if now == last:
-            break
-        last = now
-    return last
+    """The usage total once earlier tests' access-log entries have arrived: unchanged for 0.3 s (bounded)."""
+
+    async def steady() -> tuple[float] | None:
+        first = await settled_tokens(stack)
+
+        async def unchanged() -> bool:
+            return await settled_tokens(stack) == first
+
+        try:
+            await holds_for(unchanged, "the usage total unchanged", 0.3, interval_s=0.1)
+        except AssertionError:
+            return None
+        return (first,)
+
+    return (await eventually(steady, "earlier tests' usage settled", timeout_s=10))[0]
 
 
 async def wait_settled(stack: Stack, before: float, tokens: int) -> None:
-    """Until the access log brought `tokens` more usage tokens (bounded)."""
-    for _ in range(100):
-        if await settled_tokens(stack) - before >= tokens:
-            break
-        await asyncio.sleep(0.05)
+    """Until the access log brought `tokens` more usage tokens (bounded), then exactly that many."""
+
+    async def arrived() -> bool:
+        return await settled_tokens(stack) - before >= tokens
+
+    await eventually(arrived, f"{tokens} usage tokens settled", timeout_s=5)
     assert await settled_tokens(stack) - before == tokens
 
 

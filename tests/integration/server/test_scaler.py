@@ -19,6 +19,7 @@ import pytest_asyncio
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
 from tests.keda import client_modules
+from tests.support import eventually, holds_for
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -94,13 +95,6 @@ async def chat(http: aiohttp.ClientSession, stack: Stack, model: str, max_tokens
             content_type=None)
 
 
-async def until(check: Any, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 async def test_metric_spec_metrics_and_errors_follow_kedas_contract(keda: Keda, stack: Any,
                                                                     http: aiohttp.ClientSession) -> None:
     spec = await keda.stub.GetMetricSpec(keda.ref("warm"))
@@ -126,14 +120,14 @@ async def test_metric_spec_metrics_and_errors_follow_kedas_contract(keda: Keda, 
     async def three() -> bool:
         return await keda.value("warm") >= 3.0
 
-    await until(three)
+    await eventually(three, "the scaler reporting the three requests", timeout_s=10)
     assert await keda.active("warm")
     assert [status for status, _, _ in await asyncio.gather(*calls)] == [200, 200, 200]
 
     async def idle() -> bool:
         return await keda.value("warm") == 0.0
 
-    await until(idle)  # after the stabilisation window
+    await eventually(idle, "the pool idle after the stabilisation window", timeout_s=10)
     assert not await keda.active("warm")
 
 
@@ -158,7 +152,7 @@ async def test_stream_is_active_is_bounded(keda: Keda) -> None:
         finally:
             probe.cancel()
 
-    await until(freed)
+    await eventually(freed, "the pool's demand back to zero", timeout_s=10)
 
 
 async def test_a_cold_pool_holds_requests_until_its_first_replica_is_ready(
@@ -175,10 +169,10 @@ async def test_a_cold_pool_holds_requests_until_its_first_replica_is_ready(
     async def held() -> bool:
         return await keda.value("cold") >= 3.0
 
-    await until(held)
+    await eventually(held, "three requests held for the cold pool", timeout_s=10)
     # Time is the behaviour here: held past the class's own wait, nobody answered yet.
-    await asyncio.sleep(CLASS_WAIT_S + 0.5)
-    assert not any(call.done() for call in calls)
+    await holds_for(lambda: not any(call.done() for call in calls), "the cold pool's requests held",
+                    CLASS_WAIT_S + 0.5)
     await start_sim(group, service_stack.workdir, [COLD], service_stack.sim_ports, sim_args)
     results = await asyncio.wait_for(asyncio.gather(*calls), 30)
     waited = time.monotonic() - started

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 
 from extproc.sim import Fleet, ReplicaSpec, load_profile
+from tests.support import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +50,20 @@ async def sleeping(http: aiohttp.ClientSession, url: str) -> bool:
         return bool((await response.json())["is_sleeping"])
 
 
+async def stats(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url + "/sim/stats") as response:
+        found: dict[str, Any] = await response.json()
+        return found
+
+
 async def test_sleep_refuses_inference_until_woken(replica: str, http: aiohttp.ClientSession) -> None:
     running = asyncio.create_task(chat(http, replica, tokens=100))  # in the engine when the sleep call comes
-    await asyncio.sleep(0.05)
+
+    async def in_engine() -> bool:
+        found = await stats(http, replica)
+        return bool(found["running"] + found["waiting"])
+
+    await eventually(in_engine, "the request in the engine")
     status, _, _ = await call(http, "POST", replica + "/sleep?level=1")
     assert status == 200 and await sleeping(http, replica)
     assert (await running)[0] == 200  # the sleep waited for it
@@ -77,11 +89,15 @@ async def test_level_two_takes_longer_to_wake_and_bad_levels_are_refused(replica
     assert status == 200 and took >= PROFILE.wake_up_level2_s
 
 
+async def _loading(http: aiohttp.ClientSession, url: str) -> bool:
+    return "chat-fr" in (await stats(http, url))["adapters_loading"]
+
+
 async def test_adapters_load_and_unload_at_runtime(replica: str, http: aiohttp.ClientSession) -> None:
     assert (await chat(http, replica, "chat-fr"))[0] == 404
     loading = asyncio.create_task(call(http, "POST", replica + "/v1/load_lora_adapter",
                                        {"lora_name": "chat-fr", "lora_path": "/adapters/chat-fr"}))
-    await asyncio.sleep(0.1)
+    await eventually(lambda: _loading(http, replica), "the adapter loading")
     assert (await chat(http, replica, "chat-fr"))[0] == 404  # not usable until loaded
     status, text, took = await loading
     assert status == 200 and "chat-fr" in text and took >= PROFILE.lora_load_s

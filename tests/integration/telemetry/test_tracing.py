@@ -4,7 +4,6 @@ a client's traceparent is honoured, the engine gets the trace context, usage lan
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -19,6 +18,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -41,13 +41,16 @@ class Receiver(trace_service_pb2_grpc.TraceServiceServicer):  # type: ignore[mis
 
     async def wait_for(self, trace_id: bytes, services: set[str], attribute: str | None = None) -> dict[str, Any]:
         """The spans of `trace_id` by service once every service in `services` has one (bounded)."""
-        found: dict[str, Any] = {}
-        for _ in range(100):
+
+        def complete() -> dict[str, Any] | None:
             found = {service: span for service, span in self.spans if span.trace_id == trace_id}
             if services <= set(found) and (attribute is None or attribute in attributes(found["extproc"])):
                 return found
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"spans of {trace_id.hex()}: {sorted(found)}; all: {len(self.spans)}")
+            return None
+
+        spans: dict[str, Any] = await eventually(complete, f"spans of {trace_id.hex()} from {sorted(services)}",
+                                                 timeout_s=10, interval_s=0.1)
+        return spans
 
 
 def attributes(span: Any) -> dict[str, Any]:
@@ -113,12 +116,8 @@ async def test_without_a_client_trace_envoy_and_we_share_one(stack: Stack, recei
     before = len(collector.spans)
     status, headers, _ = await ask(stack)
     assert status == 200
-    for _ in range(100):
-        ours = [span for service, span in collector.spans[before:] if service == "extproc"]
-        if ours:
-            break
-        await asyncio.sleep(0.1)
-    assert ours, "no decision span"
+    ours = await eventually(lambda: [span for service, span in collector.spans[before:] if service == "extproc"],
+                            "our decision span", timeout_s=10, interval_s=0.1)
     spans = await collector.wait_for(ours[0].trace_id, {"envoy", "extproc"})
     assert spans["envoy"].trace_id == spans["extproc"].trace_id
     engine = (await engine_headers(headers["x-gateway-upstream-host"]))["traceparent"]
@@ -126,9 +125,12 @@ async def test_without_a_client_trace_envoy_and_we_share_one(stack: Stack, recei
 
 
 async def test_hostile_traceparents_are_ignored(stack: Stack, receiver: tuple[Receiver, int]) -> None:
-    for value in ("00-" + "0" * 32 + "-" + "1" * 16 + "-01", "zz-bad", "00-" + "a" * 200, "01-" + "a" * 32 + "-"
-                  + "b" * 16 + "-01"):
+    hostile = ("00-" + "0" * 32 + "-" + "1" * 16 + "-01", "zz-bad", "00-" + "a" * 200, "01-" + "a" * 32 + "-"
+               + "b" * 16 + "-01")
+    before = len([1 for service, _ in receiver[0].spans if service == "extproc"])
+    for value in hostile:
         status, _, _ = await ask(stack, traceparent=value)
         assert status == 200  # a new trace instead; never an error
-    await asyncio.sleep(0.5)  # the batch exporter's delay is 0.2 s
+    await eventually(lambda: len([1 for service, _ in receiver[0].spans if service == "extproc"]) >= before + 4,
+                     "a decision span for each hostile traceparent", timeout_s=10, interval_s=0.1)
     assert all(span.trace_id != bytes(16) for _, span in receiver[0].spans)
