@@ -15,10 +15,14 @@ ENV PIP_NO_CACHE_DIR=1 \
 # Every runtime dependency ships wheels for this Python, so no compiler is installed.
 RUN python -m venv /opt/extproc
 WORKDIR /src
-# Metadata first: the dependency layer is reused while only the code changes.
+# Metadata first: the dependency layer is reused while only the code changes. xds-protos ships older copies of
+# opentelemetry-proto's modules (same paths; the last installed wins): opentelemetry-proto's are put back.
 COPY pyproject.toml README.md ./
 RUN mkdir extproc && touch extproc/__init__.py \
     && /opt/extproc/bin/pip install ".${EXTRAS:+[$EXTRAS]}" \
+    && if /opt/extproc/bin/pip show -q opentelemetry-proto 2>/dev/null; then \
+         /opt/extproc/bin/pip install --force-reinstall --no-deps "opentelemetry-proto==$(/opt/extproc/bin/python \
+           -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"; fi \
     && /opt/extproc/bin/pip uninstall -y extproc
 COPY extproc ./extproc
 RUN /opt/extproc/bin/pip install --no-deps . \

@@ -11,6 +11,10 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[demo,dev,bench]'
+	# xds-protos ships older copies of opentelemetry-proto's modules (same paths): whichever installs last wins,
+	# so put opentelemetry-proto's own files back (the OTLP exporter needs them).
+	$(BIN)/python -m pip install --quiet --force-reinstall --no-deps \
+	  "opentelemetry-proto==$$($(BIN)/python -c 'import importlib.metadata as m; print(m.version("opentelemetry-proto"))')"
 	touch $(STAMP)
 
 # Redis is only needed by the tests of the shared (Redis) store; the demo runs on the memory store. The tests of

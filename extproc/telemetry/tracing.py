@@ -66,7 +66,13 @@ class DecisionTracer:
     def __init__(self, config: TracingConfig, *, exporter: SpanExporter | None = None,
                  clock: Callable[[], float] = time.monotonic, rng: Callable[[], float] = random.random) -> None:
         if exporter is None:
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            try:
+                from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            except ImportError as exc:  # xds-protos ships older copies of opentelemetry-proto's modules
+                raise RuntimeError(
+                    f"the OTLP exporter cannot load ({exc}): xds-protos installed its own older "
+                    "opentelemetry/proto modules over opentelemetry-proto's; reinstall opentelemetry-proto "
+                    "(pip install --force-reinstall --no-deps opentelemetry-proto==<its version>)") from exc
 
             exporter = OTLPSpanExporter(endpoint=config.otlp_endpoint, insecure=True, timeout=2)
         self._provider = TracerProvider(resource=Resource.create({"service.name": config.service_name}))
