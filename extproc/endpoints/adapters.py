@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from extproc.endpoints.engine_calls import EngineCalls
 from extproc.endpoints.registry import Endpoint
 from extproc.flow import Rejected, Ticket
 from extproc.periodic import Periodic
@@ -62,7 +63,7 @@ class AdapterManager:
         self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._used: dict[tuple[str, str], float] = {}  # (endpoint address, adapter) -> last use
         self._changed: dict[Endpoint, float] = {}  # when this process last loaded or unloaded there
-        self._session: aiohttp.ClientSession | None = None
+        self._calls = EngineCalls()
         self._loop = Periodic("lora-adapters", self._round, interval_s, log=log, what="adapter listing",
                               immediate=True)
         self.loads_total = self.unloads_total = self.failures_total = 0
@@ -72,18 +73,7 @@ class AdapterManager:
 
     async def stop(self) -> None:
         await self._loop.stop()
-        tasks = list(self._loads.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
+        await self._calls.close(self._loads.values())
 
     def _pool(self, name: str) -> AdapterPool | None:
         return next((p for p in self._pools() if p.name == name), None)
@@ -176,7 +166,7 @@ class AdapterManager:
         return min(ready, key=lambda e: (oldest_use(e), e.in_flight))
 
     async def _call(self, endpoint: Endpoint, path: str, body: Mapping[str, str], ok: tuple[int, ...]) -> None:
-        async with self._http().post(f"http://{endpoint.address}{path}", json=dict(body),
+        async with self._calls.http().post(f"http://{endpoint.address}{path}", json=dict(body),
                                      timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)) as response:
             if response.status not in ok:
                 text = (await response.text())[:200]
@@ -194,7 +184,7 @@ class AdapterManager:
     async def _list(self, endpoint: Endpoint, model: str) -> None:
         started = self._clock()
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
-            async with self._http().get(f"http://{endpoint.address}/v1/models",
+            async with self._calls.http().get(f"http://{endpoint.address}/v1/models",
                                         timeout=aiohttp.ClientTimeout(total=LIST_TIMEOUT_S)) as response:
                 if response.status != 200:
                     return

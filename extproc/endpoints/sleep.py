@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import aiohttp
 
+from extproc.endpoints.engine_calls import EngineCalls
 from extproc.endpoints.registry import Endpoint
 from extproc.periodic import Periodic
 
@@ -61,7 +62,7 @@ class SleepManager:
         self._idle_since: dict[Endpoint, float] = {}
         self._busy: dict[Endpoint, asyncio.Task[None]] = {}  # a sleep or wake-up call under way
         self._waking: dict[str, Endpoint] = {}
-        self._session: aiohttp.ClientSession | None = None
+        self._calls = EngineCalls()
         self._loop = Periodic("endpoint-sleep", self._round, interval_s, log=log, what="engine sleep management")
         self.sleeps_total = self.wake_ups_total = 0
 
@@ -70,18 +71,7 @@ class SleepManager:
 
     async def stop(self) -> None:
         await self._loop.stop()
-        tasks = list(self._busy.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession()
-        return self._session
+        await self._calls.close(self._busy.values())
 
     def _pool(self, name: str) -> SleepPool | None:
         return next((p for p in self._pools() if p.name == name), None)
@@ -100,7 +90,7 @@ class SleepManager:
 
     async def _wake(self, pool: str, endpoint: Endpoint) -> None:
         try:
-            async with self._http().post(f"http://{endpoint.address}/wake_up",
+            async with self._calls.http().post(f"http://{endpoint.address}/wake_up",
                                          timeout=aiohttp.ClientTimeout(total=WAKE_TIMEOUT_S)) as response:
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}")
@@ -118,7 +108,7 @@ class SleepManager:
     async def _sleep(self, endpoint: Endpoint) -> None:
         endpoint.asleep = True  # no new request is routed here from now on
         try:
-            async with self._http().post(f"http://{endpoint.address}/sleep", params={"level": "1"},
+            async with self._calls.http().post(f"http://{endpoint.address}/sleep", params={"level": "1"},
                                          timeout=aiohttp.ClientTimeout(total=SLEEP_TIMEOUT_S)) as response:
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}")
@@ -164,7 +154,7 @@ class SleepManager:
         """Learn from the engine whether it sleeps (another replica may have put it to sleep, or woken it);
         returns the endpoint if it turned out awake."""
         with contextlib.suppress(aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError):
-            async with self._http().get(f"http://{endpoint.address}/is_sleeping",
+            async with self._calls.http().get(f"http://{endpoint.address}/is_sleeping",
                                         timeout=aiohttp.ClientTimeout(total=CHECK_TIMEOUT_S)) as response:
                 if response.status != 200:
                     return None
