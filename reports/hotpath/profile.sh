@@ -4,7 +4,7 @@
 # usage: profile.sh DIR SECONDS OUT.txt
 set -u
 D=$1; SECS=$2; OUT=$3; W=$(cd "$(dirname "$0")/../.." && pwd); PY=$W/.venv/bin/python
-P=$D/policy-with_extproc.yaml; E=$D/envoy-policy-with_extproc.yaml
+P=$(ls "$D"/policy-with_extproc*.yaml | head -1); E=$D/envoy-$(basename "$P")  # the first variant's: its Envoy serves the backend
 LP=$(grep listen_port "$P" | awk '{print $2}')
 threads() {  # CPU ms per thread name of process $1 over $2 seconds, and requests served meanwhile
   "$PY" - "$1" "$2" "$3" <<'PYEOF'

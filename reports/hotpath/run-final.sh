@@ -14,6 +14,6 @@ run bench overhead --rate 200 --duration 20 --rounds 4 --store redis --guard ema
 run bench overhead --rate 100 --duration 20 --rounds 4 --prompt-chars 200000 --trivial off --max-duration 4 \
     --json reports/hotpath/overhead-200k.json
 run bench scheduling --endpoints 256 --json reports/hotpath/scheduling-256.json
-echo "\$ py-spy record (10 s, service at 200 req/s, default policy)"
+echo "\$ reports/hotpath/profile.sh (CPU per thread, then py-spy record (10 s, service at 200 req/s, default policy)"
 bash "$W/reports/hotpath/profile.sh" "$SNAP/default" 10 reports/hotpath/profile-default.txt
 cp reports/hotpath/* "$OUT"/
