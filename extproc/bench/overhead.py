@@ -25,6 +25,7 @@ import yaml
 from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes, picker_policy, pool_cluster
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
+from extproc.bench.paired import round_p50, tracing_report
 from extproc.bench.procs import (
     ProcessGroup,
     cpu_seconds,
@@ -189,7 +190,6 @@ class Target:
 
 
 Variant = tuple[str, str, int, float | None, str]  # name, store, workers, tracing ratio (None: off), body mode
-TRACED = "+tracing"
 
 
 def _variants(args: argparse.Namespace) -> list[Variant] | str:
@@ -212,7 +212,7 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
         (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "") for store in stores]
     variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "") for n in workers[1:]]
     if args.tracing is not None:
-        variants.append((variants[0][0] + TRACED, stores[0], workers[0], args.tracing, variants[0][4]))
+        variants.append((variants[0][0] + "+tracing", stores[0], workers[0], args.tracing, variants[0][4]))
     if args.trivial == "on":
         variants.append(("trivial", "trivial", 1, None, ""))
     return variants
@@ -295,6 +295,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         for target in targets:
             await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
         samples: dict[str, list[Sample]] = {target.name: [] for target in targets}
+        rounds_p50: dict[str, list[float | None]] = {target.name: [] for target in targets}
         cpu: dict[str, float] = {target.name: 0.0 for target in targets if target.pid is not None}
         phases: dict[str, dict[str, float]] = {}
         round_s = args.duration / args.rounds
@@ -305,8 +306,10 @@ async def run_overhead(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 started = tree_cpu_seconds(target.pid) if target.pid is not None else 0.0
                 before = await _phases(target.admin) if target.admin else {}
-                samples[target.name] += await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
-                                                            duration_s=round_s, arrival="fixed", seed=index)
+                ran = await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
+                                          duration_s=round_s, arrival="fixed", seed=index)
+                samples[target.name] += ran
+                rounds_p50[target.name].append(round_p50(ran))
                 if target.pid is not None:
                     cpu[target.name] += tree_cpu_seconds(target.pid) - started
                 if target.admin:
@@ -326,6 +329,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
                         if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in cpu}
         report["fixed_rate"] = fixed
+        report["p50_ms_per_round"] = rounds_p50
         report["added_ms"] = added
         maximum: dict[str, Any] = {}
         envoy_pids = {target.name: pid for target, pid in zip(targets, _envoy_pids(group, targets), strict=True)}
@@ -375,13 +379,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
         report["redis_minus_memory_ms"] = difference
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
     over_buffered(added, report)
-    traced = variants[0][0] + TRACED
-    if traced in added and variants[0][0] in added:
-        report["tracing_minus_off_ms"] = {q: round(added[traced][q] - added[variants[0][0]][q], 3)
-                                          for q in ("p50", "p99")}
-        report["spans_exported"] = sink.spans if sink is not None else 0
-        print(f"tracing at ratio {args.tracing} over tracing off, same run: p50 {report['tracing_minus_off_ms']['p50']}"
-              f" ms, p99 {report['tracing_minus_off_ms']['p99']} ms ({report['spans_exported']} spans exported)")
+    if args.tracing is not None:
+        tracing_report(report, added, rounds_p50, variants[0][0], sink.spans if sink is not None else 0, args.tracing)
     if sink is not None:
         await sink.stop()
     if "admissions" in report:

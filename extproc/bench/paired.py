@@ -1,0 +1,48 @@
+"""Paired per-round differences between two variants of one alternating run (`extproc bench overhead`): each
+round runs every variant back to back, so a round's difference of p50s cancels most of the machine's drift;
+their median and spread say whether a small cost is real or noise."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from extproc.bench.loadgen import Sample
+from extproc.bench.stats import summarize
+
+__all__ = ["paired_difference", "round_p50"]
+
+
+def round_p50(samples: Sequence[Sample]) -> float | None:
+    """p50 end-to-end latency (ms) of one round's samples."""
+    p50 = summarize(list(samples))["e2e_ms"]["p50"]
+    return None if p50 is None else float(p50)
+
+
+def paired_difference(treated: Sequence[float | None], control: Sequence[float | None]) -> dict[str, Any]:
+    """treated - control per round (ms), and their median, mean, standard deviation, min and max."""
+    diffs = [round(a - b, 4) for a, b in zip(treated, control, strict=True) if a is not None and b is not None]
+    if not diffs:
+        return {"rounds": 0}
+    return {"rounds": len(diffs), "per_round_ms": diffs, "median_ms": round(statistics.median(diffs), 4),
+            "mean_ms": round(statistics.fmean(diffs), 4),
+            "stdev_ms": round(statistics.stdev(diffs), 4) if len(diffs) > 1 else None,
+            "min_ms": min(diffs), "max_ms": max(diffs),
+            "rounds_positive": sum(d > 0 for d in diffs)}
+
+
+def tracing_report(report: dict[str, Any], added: dict[str, dict[str, float]],
+                   rounds_p50: dict[str, list[float | None]], control: str, spans: int, ratio: float) -> None:
+    """Tracing on (`<control>+tracing`) over tracing off (`control`), same run: pooled and per round."""
+    traced = control + "+tracing"
+    if traced not in added or control not in added:
+        return
+    pooled = report["tracing_minus_off_ms"] = {q: round(added[traced][q] - added[control][q], 3)
+                                               for q in ("p50", "p99")}
+    paired = report["tracing_minus_off_p50_per_round"] = paired_difference(rounds_p50[traced], rounds_p50[control])
+    report["spans_exported"] = spans
+    print(f"tracing at ratio {ratio} over tracing off, same run: pooled p50 {pooled['p50']} ms, p99 {pooled['p99']} "
+          f"ms ({spans} spans exported); p50 difference per round: median {paired.get('median_ms')} ms, "
+          f"stdev {paired.get('stdev_ms')} ms, range [{paired.get('min_ms')}, {paired.get('max_ms')}], "
+          f"{paired.get('rounds_positive')} of {paired['rounds']} rounds above 0")
