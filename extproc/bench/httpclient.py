@@ -49,6 +49,7 @@ class Response:
     completion_tokens: int | None = None
     chunks: int = 0
     aborted: bool = False
+    cached_tokens: int | None = None
 
 
 def _value_index(payload: bytes, key: bytes) -> int:
@@ -76,8 +77,17 @@ def _carries_content(payload: bytes) -> bool:
     return False
 
 
-def _usage(payload: bytes) -> tuple[int | None, int | None] | None:
-    """(prompt_tokens, completion_tokens) from a JSON object's non-null `usage` (or `response.usage`), else None."""
+def _cached(usage: dict[str, Any]) -> Any:
+    """Prompt tokens read from the prefix cache: OpenAI's `prompt_tokens_details`, Responses'
+    `input_tokens_details`, else Anthropic's `cache_read_input_tokens`."""
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details")
+    if isinstance(details, dict):
+        return details.get("cached_tokens")
+    return usage.get("cache_read_input_tokens")
+
+
+def _usage(payload: bytes) -> tuple[int | None, int | None, int | None] | None:
+    """(prompt, completion, cached tokens) from a JSON object's non-null `usage` (or `response.usage`), else None."""
     j = _value_index(payload, b'"usage"')
     if j < 0 or payload[j] != 0x7B:  # '{'
         return None
@@ -86,15 +96,16 @@ def _usage(payload: bytes) -> tuple[int | None, int | None] | None:
         usage: Any = parsed.get("usage") or (parsed.get("response") or {}).get("usage")
         prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # OpenAI's, else Anthropic's/Responses'
         completion = usage.get("completion_tokens", usage.get("output_tokens"))
+        cached = _cached(usage)
     except (ValueError, AttributeError):  # not JSON, or no usage object
         return None
-    return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
+    return tuple(v if isinstance(v, int) else None for v in (prompt, completion, cached))  # type: ignore[return-value]
 
 
 class SseScanner:
     """Incremental, sans-IO scan of an OpenAI-style event stream (counts content events, finds usage)."""
 
-    __slots__ = ("_buf", "chunks", "completion_tokens", "first_content_ns", "prompt_tokens")
+    __slots__ = ("_buf", "cached_tokens", "chunks", "completion_tokens", "first_content_ns", "prompt_tokens")
 
     def __init__(self) -> None:
         self._buf = b""
@@ -102,6 +113,7 @@ class SseScanner:
         self.first_content_ns: int | None = None
         self.prompt_tokens: int | None = None
         self.completion_tokens: int | None = None
+        self.cached_tokens: int | None = None
 
     def feed(self, data: bytes, now_ns: int) -> None:
         buf = self._buf + data if self._buf else data
@@ -125,7 +137,7 @@ class SseScanner:
                 self.first_content_ns = now_ns
         usage = _usage(payload)
         if usage is not None:
-            self.prompt_tokens, self.completion_tokens = usage
+            self.prompt_tokens, self.completion_tokens, self.cached_tokens = usage
 
 
 @dataclass(slots=True, eq=False)  # eq=False: pooled connections are hashed by identity
@@ -176,15 +188,15 @@ class _Exchange:
         if sse is not None:
             first = sse.first_content_ns
             ttft = None if first is None else (first - self.start_ns) / 1e9
-            prompt, completion, chunks = sse.prompt_tokens, sse.completion_tokens, sse.chunks
+            prompt, completion, cached, chunks = sse.prompt_tokens, sse.completion_tokens, sse.cached_tokens, sse.chunks
         else:
             ttft, chunks = None, 0
-            prompt = completion = None
+            prompt = completion = cached = None
             if not aborted and "json" in self.headers.get("content-type", ""):
-                prompt, completion = _usage(body) or (None, None)
+                prompt, completion, cached = _usage(body) or (None, None, None)
         return Response(
             self.status, self.headers, body, ttft, (end_ns - self.start_ns) / 1e9,
-            prompt, completion, chunks, aborted,
+            prompt, completion, chunks, aborted, cached,
         )
 
 
