@@ -126,6 +126,9 @@ def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> In
     options = document.get("stream_options")
     include_usage = shape.usage_in_stream or (isinstance(options, dict) and options.get("include_usage") is True)
     user = document.get("user")
+    if shape.dialect == "anthropic":  # Anthropic's end-user id (Claude Code sends one per session)
+        metadata = document.get("metadata")
+        user = metadata.get("user_id") if isinstance(metadata, dict) else None
     previous = document.get("previous_response_id") if api is Api.RESPONSES else None
     if previous is not None and not isinstance(previous, str):
         raise bad_request("'previous_response_id' must be a string", "invalid_value", "previous_response_id")

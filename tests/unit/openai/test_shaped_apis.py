@@ -189,3 +189,14 @@ def test_every_path_has_one_api() -> None:
     assert set(PATHS.values()) == set(SHAPES) == set(Api)
     assert api_for_path("/v2/rerank?x=1") is Api.RERANK and api_for_path("/v1/messages/") is Api.MESSAGES
     assert api_for_path("/v1/messages/count_tokens") is Api.COUNT_TOKENS and api_for_path("/v1/rank") is None
+
+
+def test_anthropic_metadata_user_id_is_the_user() -> None:
+    base = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    session = "user_ab12_account_x_session_5f0c"
+    assert parse(Api.MESSAGES, {**base, "metadata": {"user_id": session}}).user == session
+    # Anthropic's API has no top-level `user`: only metadata.user_id counts, and only a string
+    assert parse(Api.MESSAGES, {**base, "user": "other"}).user is None
+    assert parse(Api.MESSAGES, {**base, "metadata": {"user_id": 7}}).user is None
+    assert parse(Api.MESSAGES, {**base, "metadata": "x"}).user is None
+    assert parse(Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "u"}).user == "u"
