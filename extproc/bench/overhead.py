@@ -25,7 +25,8 @@ import yaml
 from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes, picker_policy, pool_cluster
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
-from extproc.bench.paired import round_p50, tracing_report
+from extproc.bench.otlp_sink import spans_received, start_sink
+from extproc.bench.paired import TRACED_SUFFIXES, round_p50, tracing_report
 from extproc.bench.procs import (
     ProcessGroup,
     cpu_seconds,
@@ -85,6 +86,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also run the first store with tracing on at this sample ratio (Envoy's tracer too), "
                              "exporting to an OTLP receiver in this process, and print its cost over tracing off "
                              "in the same run (needs the tracing extra)")
+    parser.add_argument("--tracing-envoy", choices=sorted(TRACED_SUFFIXES), default="on",
+                        help="with --tracing: Envoy's tracer on too (on, as shipped), off (our spans only), or both "
+                             "variants in the same run (tells Envoy's share of the cost from ours)")
     parser.add_argument("--trivial", choices=["on", "off"], default="on",
                         help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
                              "same Envoy configuration: the floor that grpc.aio and the event loop cost")
@@ -170,7 +174,7 @@ def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, dire
     if args.guard != "none" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules(args.guard)}
     if tracing is not None:
-        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing,
+        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing, "envoy": not name.endswith("ours-only"),
                                  "otlp_endpoint": f"127.0.0.1:{args.otlp_port}"}
     picker_policy(policy_doc, body_mode)
     path = workdir / f"policy-{name}.yaml"
@@ -212,7 +216,8 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
         (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "") for store in stores]
     variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "") for n in workers[1:]]
     if args.tracing is not None:
-        variants.append((variants[0][0] + "+tracing", stores[0], workers[0], args.tracing, variants[0][4]))
+        variants += [(variants[0][0] + suffix, stores[0], workers[0], args.tracing, variants[0][4])
+                     for suffix in TRACED_SUFFIXES[args.tracing_envoy]]
     if args.trivial == "on":
         variants.append(("trivial", "trivial", 1, None, ""))
     return variants
@@ -276,15 +281,12 @@ async def run_overhead(args: argparse.Namespace) -> int:
                               "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
-    sink = None
-    if args.tracing is not None:
-        from extproc.bench.otlp_sink import OtlpSink
-
-        sink = OtlpSink()
-        args.otlp_port = await sink.start()
+    spans_file: Path | None = None
     async with ProcessGroup(workdir / "logs") as group:
         if "redis" in stores:
             await start_redis(group, ports[2], args.redis_server)
+        if args.tracing is not None:  # a collector of our own, in its own process
+            args.otlp_port, spans_file = await start_sink(group, workdir)
         # One service + Envoy per variant; the first Envoy also serves the backend and the bare listener.
         targets = [await _start(group, workdir, args, variant, index == 0, ports)
                    for index, variant in enumerate(variants)]
@@ -380,9 +382,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
     over_buffered(added, report)
     if args.tracing is not None:
-        tracing_report(report, added, rounds_p50, variants[0][0], sink.spans if sink is not None else 0, args.tracing)
-    if sink is not None:
-        await sink.stop()
+        tracing_report(report, added, rounds_p50, variants[0][0], spans_received(spans_file) if spans_file else 0,
+                       args.tracing)
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")

@@ -99,7 +99,8 @@ class Gateway:
                 assert outcome is None or isinstance(outcome, Rejected)
                 stages.gate.granted(caller, resolved, outcome)
             try:
-                exchange.routed = routed = stages.schedule(caller, resolved, exchange.admitted)
+                exchange.routed = routed = stages.schedule(caller, resolved, exchange.admitted,
+                                                           record=exchange.scores)
             finally:
                 if ticket is not None:
                     stages.gate.flow.routed(ticket)

@@ -25,6 +25,7 @@ from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Rou
 from extproc.gateway.records import trace_attributes
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
+from extproc.scheduling import Explanation
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
 from extproc.telemetry import GatewayMetrics
@@ -140,6 +141,8 @@ class StreamProcessor:
             self.span = self.tracer.start(head.headers, self.stream_metadata)
         exchange, reply = self.gateway.headers(head)
         self.exchange = exchange
+        if self.span is not None:  # sampled: scheduling records its scores for the span (nothing otherwise)
+            exchange.scores = Explanation()
         if reply is not None:
             return self._immediate(reply)
         if self.hold:
