@@ -132,7 +132,8 @@ class Schedule:
                 home = pinned_endpoint(request.previous_response_id, config.name, self.usable(pool, now))
                 if home is not None:
                     picked = [home, *(e for e in picked if e is not home)][:1 + config.fallbacks]
-            fields = {"request_id": new_response_id(config.name, picked[0].address)}
+            fields = {"request_id": new_response_id(config.name, picked[0].address,
+                                                    picked[1].address if len(picked) > 1 else None)}
         rewrite = request.model != config.model and request.model not in config.lora_adapters
         # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to settle a
         # reservation, and for the audit log).

@@ -305,6 +305,7 @@ async def test_tokenizer_is_routed_and_spends_no_token_budget(stack: Stack, http
         "model": "chat", "system": "You are terse.", "messages": [{"role": "user", "content": long_prompt}]})
     assert status == 200 and counted["input_tokens"] > 2000
     status, _, reply = await post(http, stack, "tokenize", "free", {"prompt": "no model"})
-    assert status == 400 and reply["error"]["code"] == "missing_model"  # the model picks the pool
+    # Two pools here (chat, sticky): which tokenizer a model-less request means is ambiguous (one pool: that one)
+    assert status == 400 and reply["error"]["code"] == "missing_model"
     status, _, reply = await post(http, stack, "count_tokens", "free", {"model": "unknown", "messages": []})
     assert status == 404 and reply["error"]["type"] == "not_found_error"

@@ -144,10 +144,17 @@ def test_bad_messages_requests(document: dict[str, Any]) -> None:
     assert caught.value.status == 400
 
 
-def test_media_parts_count_images_and_audio_inside_tool_results() -> None:
-    conversation = [("user", [{"type": "image_url"}, {"type": "input_audio"}, "text",
-                              {"type": "tool_result", "content": [{"type": "image"}]}]), ("user", "plain")]
-    assert media_parts(conversation) == (2, 1)
+def test_media_parts_count_images_audio_and_video_inside_tool_results() -> None:
+    conversation = [("user", [{"type": "image_url"}, {"type": "input_audio"}, "text", {"type": "video_url"},
+                              {"type": "tool_result", "content": [{"type": "image"}, {"type": "video"}]}]),
+                    ("user", "plain")]
+    assert media_parts(conversation) == (2, 1, 2)
+
+
+def test_video_parts_cost_the_pool_s_video_tokens() -> None:
+    request = parse(Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what happens?"}, {"type": "video_url", "video_url": {"url": "http://x/v.mp4"}}]}]})
+    assert (request.images, request.audios, request.videos) == (0, 0, 1)
 
 
 def test_anthropic_error_shape() -> None:
