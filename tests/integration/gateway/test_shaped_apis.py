@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import itertools
 import json
-from datetime import UTC, datetime, timedelta
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
