@@ -196,6 +196,15 @@ def _point_line(row: dict[str, Any]) -> str:
             f"cores={row['cores']}{flag}")
 
 
+def _command(args: argparse.Namespace) -> str | None:
+    """The command line: the suite's (it sets one), else this process's (the CLI's `command` is only the
+    subcommand's name)."""
+    given = getattr(args, "command", None)
+    if isinstance(given, str) and given.startswith("extproc "):
+        return given
+    return "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None
+
+
 def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
     return {
         "workload": plan.workload, "strategies": list(plan.strategies), "qps": [r for r, _ in plan.rates],
@@ -206,8 +215,7 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "wall_s": wall, "saturation_limit_cores": SATURATED_CORES,
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
-        "command": getattr(args, "command", None) or (
-            "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None),
+        "command": _command(args),
     }
 
 
