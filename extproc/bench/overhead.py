@@ -26,7 +26,7 @@ from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes,
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
 from extproc.bench.otlp_sink import spans_received, start_sink
-from extproc.bench.paired import TRACED_SUFFIXES, round_p50, tracing_report
+from extproc.bench.paired import TRACED_SUFFIXES, TWIN, round_p50, tracing_report
 from extproc.bench.procs import (
     ProcessGroup,
     cpu_seconds,
@@ -215,9 +215,9 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
     variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode) for mode in modes] or [
         (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "") for store in stores]
     variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "") for n in workers[1:]]
-    if args.tracing is not None:
-        variants += [(variants[0][0] + suffix, stores[0], workers[0], args.tracing, variants[0][4])
-                     for suffix in TRACED_SUFFIXES[args.tracing_envoy]]
+    if args.tracing is not None:  # compared with a tracing-off twin in the same position (see extproc/bench/paired.py)
+        variants += [(variants[0][0] + suffix, stores[0], workers[0], None if suffix == TWIN else args.tracing,
+                      variants[0][4]) for suffix in (TWIN, *TRACED_SUFFIXES[args.tracing_envoy])]
     if args.trivial == "on":
         variants.append(("trivial", "trivial", 1, None, ""))
     return variants

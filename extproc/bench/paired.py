@@ -11,11 +11,14 @@ from typing import Any
 from extproc.bench.loadgen import Sample
 from extproc.bench.stats import summarize
 
-__all__ = ["TRACED_SUFFIXES", "paired_difference", "round_p50", "tracing_report"]
+__all__ = ["TRACED_SUFFIXES", "TWIN", "paired_difference", "round_p50", "tracing_report"]
 
 # `bench overhead --tracing-envoy`: the traced variants, by name suffix (ours alone; ours and Envoy's tracer).
 OURS_ONLY, TRACED = "+tracing-ours-only", "+tracing"
 TRACED_SUFFIXES = {"on": (TRACED,), "off": (OURS_ONLY,), "both": (OURS_ONLY, TRACED)}
+# The control of the traced variants: tracing off, its own service and Envoy like them. The first variant is no
+# fair control: its Envoy also serves the backend (one process, no hop between Envoys), theirs does not.
+TWIN = "+tracing-off"
 
 
 def round_p50(samples: Sequence[Sample]) -> float | None:
@@ -38,11 +41,18 @@ def paired_difference(treated: Sequence[float | None], control: Sequence[float |
 
 def tracing_report(report: dict[str, Any], added: dict[str, dict[str, float]],
                    rounds_p50: dict[str, list[float | None]], control: str, spans: int, ratio: float) -> None:
-    """Each traced variant (`<control>+tracing...`) over tracing off (`control`), same run: pooled and per round.
-    The first one present also fills the report's top-level `tracing_minus_off_*` keys."""
+    """Each traced variant (`<first>+tracing...`) over tracing off (its twin `<first>+tracing-off`, else the first
+    variant), same run: pooled and per round. The first one present also fills the top-level `tracing_minus_off_*`
+    keys; the twin over the first variant is reported too (`twin_minus_first_ms`: the topology's own cost)."""
     report["spans_exported"] = spans
+    first, control = control, control + TWIN if control + TWIN in added else control
+    if control != first and first in added:
+        report["twin_minus_first_ms"] = {"p50": round(added[control]["p50"] - added[first]["p50"], 3),
+                                         "p50_per_round": paired_difference(rounds_p50[control], rounds_p50[first])}
+        print(f"tracing-off twin over the first variant (same configuration, an Envoy of its own in front of the "
+              f"first's backend): p50 {report['twin_minus_first_ms']['p50']} ms")
     for suffix in (TRACED, OURS_ONLY):
-        traced = control + suffix
+        traced = first + suffix
         if traced not in added or control not in added:
             continue
         pooled = {q: round(added[traced][q] - added[control][q], 3) for q in ("p50", "p99")}
