@@ -4,8 +4,9 @@ One Envoy serves three listeners: a `direct_response` backend (so no simulator i
 rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
 (router only, same backend). The same requests go through both, in alternating rounds so machine
 noise falls on both alike; the difference is what our filter costs. With several `--store` values
-(e.g. memory,redis) each store gets its own service and Envoy, and the rounds alternate over all of
-them, so the stores are compared in one run; `--body-modes`: extproc/bench/body_modes.py.
+(e.g. memory,redis) each store gets its own service and Envoy (with its own backend listener, so every
+variant's path has the same hops), and the rounds alternate over all of them, so the stores are compared
+in one run; `--body-modes`: extproc/bench/body_modes.py.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from extproc.config import parse_policy
 from extproc.guard import DETECTORS
 from extproc.telemetry.metrics import PHASE_CPU, PHASES, STREAMS
 from extproc.xds import find_envoy
-from extproc.xds.render import render_static
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -192,12 +192,14 @@ async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, v
                  first: bool, ports: tuple[int, int, int]) -> Target:
     name, store, workers, tracing, body_mode, env = variant
     direct_port, bare_port, redis_port = ports
+    if not first:  # each variant's Envoy serves its own backend: no variant pays a hop to another Envoy
+        (direct_port,) = free_ports(1)
     label = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
     policy_path = _policy(workdir, label, store, args,
                           direct_port, redis_port, workers, tracing, body_mode)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
-    bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
+    bootstrap = bench_bootstrap(policy, direct_port, bare_port if first else None)
     envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
     admin: str | None = None
     if store == "trivial":
@@ -253,7 +255,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
             await start_redis(group, ports[2], args.redis_server)
         if args.tracing is not None:  # a collector of our own, in its own process
             args.otlp_port, spans_file = await start_sink(group, workdir)
-        # One service + Envoy per variant; the first Envoy also serves the backend and the bare listener.
+        # One service + Envoy (with its own backend) per variant; the first Envoy also serves the bare listener.
         targets = [await _start(group, workdir, args, variant, index == 0, ports)
                    for index, variant in enumerate(variants)]
         targets.append(Target("envoy_only", ports[1]))

@@ -1,5 +1,5 @@
-"""`extproc bench overhead`'s stack: the bootstrap that adds a direct-response backend and a bare listener to
-the rendered Envoy, and the request every variant gets (extproc/bench/overhead.py)."""
+"""`extproc bench overhead`'s stack: the bootstrap that adds a direct-response backend (and, once, a bare listener)
+to the rendered Envoy, and the request every variant gets (extproc/bench/overhead.py)."""
 
 from __future__ import annotations
 
@@ -37,17 +37,19 @@ def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[
     }
 
 
-def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int) -> dict[str, Any]:
+def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int | None) -> dict[str, Any]:
+    """The rendered Envoy plus its own direct-response backend on `direct_port` (every variant's Envoy has one,
+    so each measured path is client -> Envoy -> the same Envoy's backend, none pays a hop to another Envoy
+    process) and, with `bare_port`, the bare listener (Envoy alone) of the first variant."""
     bootstrap = render_static(policy)
     router = [{"name": "envoy.filters.http.router", "typed_config": {
         "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
     backend = [{"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": _BACKEND_BODY}},
                 "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
     bare = [{"match": {"prefix": "/"}, "route": {"cluster": pool_cluster(policy)}}]
-    bootstrap["static_resources"]["listeners"] += [
-        _listener("backend", direct_port, backend, router),
-        _listener("bare", bare_port, bare, router),
-    ]
+    bootstrap["static_resources"]["listeners"].append(_listener("backend", direct_port, backend, router))
+    if bare_port is not None:
+        bootstrap["static_resources"]["listeners"].append(_listener("bare", bare_port, bare, router))
     return bootstrap
 
 
