@@ -6,13 +6,13 @@ from extproc.config.schema import SchedulingConfig
 from extproc.endpoints import Endpoint
 from extproc.scheduling import Scheduler
 from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinityScorer
-from tests.unit.scheduling.helpers import endpoint, fleet, request
+from tests.unit.scheduling.helpers import NOW, endpoint, fleet, request
 
 SYSTEMS = [f"System prompt number {g}: " + f"rule {g} " * 200 for g in range(48)]
 
 
-def home(scorer: PrefixAffinityScorer, prompt: str, endpoints: list[Endpoint]) -> int:
-    scores = scorer.score(request(prompt), endpoints)
+def home(scorer: PrefixAffinityScorer, prompt: str, endpoints: list[Endpoint], now: float = NOW) -> int:
+    scores = scorer.score(request(prompt, now=now), endpoints)
     assert scores.count(1.0) == 1
     return scores.index(1.0)
 
@@ -60,7 +60,7 @@ def test_a_home_keeps_its_prefix_under_moderate_imbalance() -> None:
 
 def test_a_hot_prefix_gains_a_home_and_spreads_over_its_homes() -> None:
     endpoints = fleet(8)
-    scorer = PrefixAffinityScorer("p", Params())
+    scorer = PrefixAffinityScorer("p", Params(hot_hold_ms=0))
     first = send(scorer, SYSTEMS[0] + " q0", endpoints)
     loaded(endpoints, first, 40)  # average 5, hot at 15.5
     second = send(scorer, SYSTEMS[0] + " q1", endpoints)
@@ -72,9 +72,28 @@ def test_a_hot_prefix_gains_a_home_and_spreads_over_its_homes() -> None:
     assert home(scorer, SYSTEMS[0] + " q3", endpoints) == second
 
 
+def test_a_home_hot_for_less_than_the_hold_keeps_its_prefix() -> None:
+    endpoints = fleet(8)
+    scorer = PrefixAffinityScorer("p", Params(hot_hold_ms=300))
+    first = send(scorer, SYSTEMS[0] + " q0", endpoints)
+    loaded(endpoints, first, 40)  # hot (average 5, hot at 15.5), first seen so now
+    assert home(scorer, SYSTEMS[0] + " q1", endpoints, now=NOW) == first
+    assert home(scorer, SYSTEMS[0] + " q2", endpoints, now=NOW + 0.2) == first
+    assert home(scorer, SYSTEMS[0] + " q3", endpoints, now=NOW + 0.31) != first  # hot at every look for 300 ms
+    loaded(endpoints, first, 4)  # cooled down: the hold starts over
+    assert home(scorer, SYSTEMS[0] + " q4", endpoints, now=NOW + 0.4) == first
+    loaded(endpoints, first, 40)
+    assert home(scorer, SYSTEMS[0] + " q5", endpoints, now=NOW + 0.5) == first
+    # Hot at two looks a second apart is not hot throughout: no look in between, so the hold starts over.
+    endpoints[first] = endpoint(endpoints[first].address, running=40, age=-1.5)  # scraped at NOW + 1.5
+    assert home(scorer, SYSTEMS[0] + " q6", endpoints, now=NOW + 1.5) == first
+    assert home(scorer, SYSTEMS[0] + " q7", endpoints, now=NOW + 1.7) == first
+    assert home(scorer, SYSTEMS[0] + " q8", endpoints, now=NOW + 1.81) != first
+
+
 def test_a_conversation_follows_its_deepest_prefix_then_falls_back_to_its_system_prompt() -> None:
     endpoints = fleet(4)
-    scorer = PrefixAffinityScorer("p", Params(load_slack=2.0))
+    scorer = PrefixAffinityScorer("p", Params(load_slack=2.0, hot_hold_ms=0))
     system_home = send(scorer, SYSTEMS[1], endpoints)
     loaded(endpoints, system_home, 30)  # hot: the prefix gains a second home
     second_home = send(scorer, SYSTEMS[1] + " user: other chat " * 20, endpoints)
