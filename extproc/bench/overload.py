@@ -37,7 +37,7 @@ from extproc.bench.flowstats import flow_counts
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup, start_redis
-from extproc.bench.report import ProgressPrinter, format_markdown_table, format_table, write_json
+from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_options import NOFLOW, split_strategy
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
@@ -356,9 +356,10 @@ async def run_overload(args: argparse.Namespace) -> int:
     meta = {"endpoints": endpoints, "service_replicas": args.replicas, "capacity_rps": round(capacity, 2),
             "loads": loads, "duration_s": args.duration,
             "slo_ttft_s": args.slo_ttft, "mix": [vars(d) for d in MIX], "class_max_wait_s": classes,
-            "seed": args.seed, "workdir": str(workdir)}
+            "seed": args.seed, "workdir": str(workdir), "command": command_line()}
     paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "verdicts": summary})]
-    markdown = (f"## Overload benchmark\n\n{json.dumps(meta)}\n\n" + format_markdown_table(good, TABLE)
+    markdown = (f"## Overload benchmark\n\nCommand: `{meta['command']}`\n\n{json.dumps(meta)}\n\n"
+                + format_markdown_table(good, TABLE)
                 + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
     paths.append(write_markdown(out / "results.md", markdown))
     print(f"reports: {', '.join(str(p) for p in paths)}")

@@ -30,7 +30,7 @@ from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.overload import run_overload
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
-from extproc.bench.report import ProgressPrinter, format_table
+from extproc.bench.report import ProgressPrinter, command_line, format_table
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import (
     SATURATED_CORES,
@@ -205,8 +205,7 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "wall_s": wall, "saturation_limit_cores": SATURATED_CORES,
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
-        "command": getattr(args, "command", None) or (
-            "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None),
+        "command": getattr(args, "command", None) or command_line(),
     }
 
 
