@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -36,7 +37,7 @@ from typing import Any
 from extproc.bench.flowstats import flow_counts
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup, start_redis
+from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_options import NOFLOW, split_strategy
@@ -261,6 +262,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
         admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
         flow_before = await flow_counts(client, admin_ports)
+        cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
         started = time.perf_counter()
         try:
             samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
@@ -269,6 +271,11 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         finally:
             printer.close()
         wall = time.perf_counter() - started
+        # CPU cores per process during the run, and the machine's 1-minute load average before and after it
+        # (the box is shared: a tail may come from a starved process, not from the design).
+        cpu_after = {**group.cpu_seconds(), "client": self_cpu_seconds()}
+        cores = {k: round((cpu_after[k] - v) / wall, 2) for k, v in cpu_before.items() if k in cpu_after}
+        machine = {"loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count()}
         flow_run = (await flow_counts(client, admin_ports)) - flow_before
         flows = await flow_stats(client, stack) if not envoy_only and split_strategy(strategy)[1] else []
     classes = class_rows(samples, args.slo_ttft)
@@ -279,6 +286,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
+        "cores": cores, "machine": machine,
     }
 
 
