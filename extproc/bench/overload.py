@@ -40,6 +40,7 @@ from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
+from extproc.bench.routing_metrics import engine_ttft, scrape_metrics
 from extproc.bench.routing_options import NOFLOW, split_strategy
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import percentiles
@@ -262,6 +263,8 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
         admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
         flow_before = await flow_counts(client, admin_ports)
+        sims = [f"127.0.0.1:{port}" for ports in stack.sim_ports.values() for port in ports]
+        engines_before = await scrape_metrics(client, sims)
         cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
         started = time.perf_counter()
         try:
@@ -277,6 +280,9 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         cores = {k: round((cpu_after[k] - v) / wall, 2) for k, v in cpu_before.items() if k in cpu_after}
         machine = {"loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count()}
         flow_run = (await flow_counts(client, admin_ports)) - flow_before
+        # TTFT as the engines saw it (arrival at the engine to first token, all classes): a tail that is not
+        # here came from the path in front of them (service, Envoy, client).
+        engines = engine_ttft(engines_before, await scrape_metrics(client, sims))
         flows = await flow_stats(client, stack) if not envoy_only and split_strategy(strategy)[1] else []
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
@@ -286,7 +292,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
-        "cores": cores, "machine": machine,
+        "cores": cores, "machine": machine, "engine_ttft_ms": engines,
     }
 
 
@@ -295,6 +301,7 @@ TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50
          ("classes.standard.ttft_p50_ms", "std50"), ("classes.standard.ttft_p99_ms", "std99"),
          ("classes.standard.rejected", "std_rej"), ("classes.sheddable.ttft_p99_ms", "shed99"),
          ("classes.sheddable.rejected", "shed_rej"), ("goodput_rps", "goodput"), ("fairness.jain", "jain"),
+         ("engine_ttft_ms.p99", "eng99"),
          ("flow_run.queued", "fc_q"), ("flow_run.waited_over_1s", "fc_q>1s"), ("flow_run.rejected", "fc_rej"),
          ("client_timeouts", "timeouts")]
 
