@@ -250,6 +250,22 @@ def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return waits
 
 
+def class_counts(flows: Sequence[Mapping[str, Any]], before: Mapping[str, dict[str, int]] | None = None
+                 ) -> dict[str, dict[str, int]]:
+    """Per class: went straight on, queued, refused, over the replicas' /debug/flow, less `before` (the warm-up)."""
+    counts: dict[str, dict[str, int]] = {}
+    for flow in flows:
+        for klass, stats in flow.get("classes", {}).items():
+            row = counts.setdefault(klass, {"direct": 0, "queued": 0, "rejected": 0})
+            row["direct"] += int(stats.get("direct", 0))
+            row["queued"] += int(stats.get("queued", 0))
+            row["rejected"] += sum(int(v) for v in stats.get("rejected", {}).values())
+    for klass, row in counts.items():
+        for key, value in (before or {}).get(klass, {}).items():
+            row[key] -= value
+    return counts
+
+
 async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
                     sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
     rate = load * capacity
@@ -263,6 +279,8 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
         admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
         flow_before = await flow_counts(client, admin_ports)
+        flowing = not envoy_only and split_strategy(strategy)[1]
+        classes_before = class_counts(await flow_stats(client, stack)) if flowing else {}
         sims = [f"127.0.0.1:{port}" for ports in stack.sim_ports.values() for port in ports]
         engines_before = await scrape_metrics(client, sims)
         cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
@@ -283,7 +301,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         # TTFT as the engines saw it (arrival at the engine to first token, all classes): a tail that is not
         # here came from the path in front of them (service, Envoy, client).
         engines = engine_ttft(engines_before, await scrape_metrics(client, sims))
-        flows = await flow_stats(client, stack) if not envoy_only and split_strategy(strategy)[1] else []
+        flows = await flow_stats(client, stack) if flowing else []
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
     return {
@@ -292,6 +310,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
+        "flow_run_classes": class_counts(flows, classes_before),
         "cores": cores, "machine": machine, "engine_ttft_ms": engines,
     }
 
