@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from extproc.bench.flowstats import flow_counts
+from extproc.bench.gcwatch import GcPauses
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
@@ -250,8 +251,7 @@ def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return waits
 
 
-def class_counts(flows: Sequence[Mapping[str, Any]], before: Mapping[str, dict[str, int]] | None = None
-                 ) -> dict[str, dict[str, int]]:
+def class_counts(flows: Sequence[Mapping[str, Any]], before: Mapping[str, dict[str, int]] | None = None) -> Any:
     """Per class: went straight on, queued, refused, over the replicas' /debug/flow, less `before` (the warm-up)."""
     counts: dict[str, dict[str, int]] = {}
     for flow in flows:
@@ -286,14 +286,14 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
         started = time.perf_counter()
         try:
-            samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
-                                          duration_s=args.duration, seed=args.seed, client=client,
-                                          progress=printer, timeout_s=args.client_timeout, max_in_flight=4096)
+            with GcPauses() as pauses:
+                samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
+                                              duration_s=args.duration, seed=args.seed, client=client,
+                                              progress=printer, timeout_s=args.client_timeout, max_in_flight=4096)
         finally:
             printer.close()
         wall = time.perf_counter() - started
-        # CPU cores per process during the run, and the machine's 1-minute load average before and after it
-        # (the box is shared: a tail may come from a starved process, not from the design).
+        # Cores per process in the run, and the (shared) machine's load average: a tail may come from starvation.
         cpu_after = {**group.cpu_seconds(), "client": self_cpu_seconds()}
         cores = {k: round((cpu_after[k] - v) / wall, 2) for k, v in cpu_before.items() if k in cpu_after}
         machine = {"loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count()}
@@ -311,7 +311,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
         "flow_run_classes": class_counts(flows, classes_before),
-        "cores": cores, "machine": machine, "engine_ttft_ms": engines,
+        "cores": cores, "machine": machine, "engine_ttft_ms": engines, "client_gc_pauses": pauses.longest(),
     }
 
 
