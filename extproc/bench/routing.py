@@ -193,7 +193,7 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "wall_s": wall, "saturation_limit_cores": SATURATED_CORES,
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
-        "command": getattr(args, "command", None) or command_line(),
+        "command": command_line(),  # (args.command is the CLI's subcommand name, "bench")
     }
 
 
