@@ -25,6 +25,8 @@ import yaml
 from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes, picker_policy, pool_cluster
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
 from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
+from extproc.bench.otlp_sink import spans_received, start_sink
+from extproc.bench.paired import TRACED_SUFFIXES, TWIN, round_p50, tracing_report
 from extproc.bench.procs import (
     ProcessGroup,
     cpu_seconds,
@@ -84,6 +86,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also run the first store with tracing on at this sample ratio (Envoy's tracer too), "
                              "exporting to an OTLP receiver in this process, and print its cost over tracing off "
                              "in the same run (needs the tracing extra)")
+    parser.add_argument("--tracing-envoy", choices=sorted(TRACED_SUFFIXES), default="on",
+                        help="with --tracing: Envoy's tracer on too (on, as shipped), off (our spans only), or both "
+                             "variants in the same run (tells Envoy's share of the cost from ours)")
     parser.add_argument("--trivial", choices=["on", "off"], default="on",
                         help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
                              "same Envoy configuration: the floor that grpc.aio and the event loop cost")
@@ -169,7 +174,7 @@ def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, dire
     if args.guard != "none" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules(args.guard)}
     if tracing is not None:
-        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing,
+        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing, "envoy": not name.endswith("ours-only"),
                                  "otlp_endpoint": f"127.0.0.1:{args.otlp_port}"}
     picker_policy(policy_doc, body_mode)
     path = workdir / f"policy-{name}.yaml"
@@ -189,7 +194,6 @@ class Target:
 
 
 Variant = tuple[str, str, int, float | None, str]  # name, store, workers, tracing ratio (None: off), body mode
-TRACED = "+tracing"
 
 
 def _variants(args: argparse.Namespace) -> list[Variant] | str:
@@ -211,8 +215,9 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
     variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode) for mode in modes] or [
         (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "") for store in stores]
     variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "") for n in workers[1:]]
-    if args.tracing is not None:
-        variants.append((variants[0][0] + TRACED, stores[0], workers[0], args.tracing, variants[0][4]))
+    if args.tracing is not None:  # compared with a tracing-off twin in the same position (see extproc/bench/paired.py)
+        variants += [(variants[0][0] + suffix, stores[0], workers[0], None if suffix == TWIN else args.tracing,
+                      variants[0][4]) for suffix in (TWIN, *TRACED_SUFFIXES[args.tracing_envoy])]
     if args.trivial == "on":
         variants.append(("trivial", "trivial", 1, None, ""))
     return variants
@@ -276,15 +281,12 @@ async def run_overhead(args: argparse.Namespace) -> int:
                               "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
-    sink = None
-    if args.tracing is not None:
-        from extproc.bench.otlp_sink import OtlpSink
-
-        sink = OtlpSink()
-        args.otlp_port = await sink.start()
+    spans_file: Path | None = None
     async with ProcessGroup(workdir / "logs") as group:
         if "redis" in stores:
             await start_redis(group, ports[2], args.redis_server)
+        if args.tracing is not None:  # a collector of our own, in its own process
+            args.otlp_port, spans_file = await start_sink(group, workdir)
         # One service + Envoy per variant; the first Envoy also serves the backend and the bare listener.
         targets = [await _start(group, workdir, args, variant, index == 0, ports)
                    for index, variant in enumerate(variants)]
@@ -295,6 +297,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         for target in targets:
             await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
         samples: dict[str, list[Sample]] = {target.name: [] for target in targets}
+        rounds_p50: dict[str, list[float | None]] = {target.name: [] for target in targets}
         cpu: dict[str, float] = {target.name: 0.0 for target in targets if target.pid is not None}
         phases: dict[str, dict[str, float]] = {}
         round_s = args.duration / args.rounds
@@ -305,8 +308,10 @@ async def run_overhead(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 started = tree_cpu_seconds(target.pid) if target.pid is not None else 0.0
                 before = await _phases(target.admin) if target.admin else {}
-                samples[target.name] += await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
-                                                            duration_s=round_s, arrival="fixed", seed=index)
+                ran = await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
+                                          duration_s=round_s, arrival="fixed", seed=index)
+                samples[target.name] += ran
+                rounds_p50[target.name].append(round_p50(ran))
                 if target.pid is not None:
                     cpu[target.name] += tree_cpu_seconds(target.pid) - started
                 if target.admin:
@@ -326,6 +331,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
                         if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in cpu}
         report["fixed_rate"] = fixed
+        report["p50_ms_per_round"] = rounds_p50
         report["added_ms"] = added
         maximum: dict[str, Any] = {}
         envoy_pids = {target.name: pid for target, pid in zip(targets, _envoy_pids(group, targets), strict=True)}
@@ -375,15 +381,9 @@ async def run_overhead(args: argparse.Namespace) -> int:
         report["redis_minus_memory_ms"] = difference
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
     over_buffered(added, report)
-    traced = variants[0][0] + TRACED
-    if traced in added and variants[0][0] in added:
-        report["tracing_minus_off_ms"] = {q: round(added[traced][q] - added[variants[0][0]][q], 3)
-                                          for q in ("p50", "p99")}
-        report["spans_exported"] = sink.spans if sink is not None else 0
-        print(f"tracing at ratio {args.tracing} over tracing off, same run: p50 {report['tracing_minus_off_ms']['p50']}"
-              f" ms, p99 {report['tracing_minus_off_ms']['p99']} ms ({report['spans_exported']} spans exported)")
-    if sink is not None:
-        await sink.stop()
+    if args.tracing is not None:
+        tracing_report(report, added, rounds_p50, variants[0][0], spans_received(spans_file) if spans_file else 0,
+                       args.tracing)
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")
