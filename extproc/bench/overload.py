@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -34,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from extproc.bench.flowstats import flow_counts
+from extproc.bench.gcwatch import GcPauses
 from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import ProcessGroup, start_redis
-from extproc.bench.report import ProgressPrinter, format_markdown_table, format_table, write_json
+from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
+from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
+from extproc.bench.routing_metrics import engine_ttft, scrape_metrics
 from extproc.bench.routing_options import NOFLOW, split_strategy
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import percentiles
@@ -248,6 +251,21 @@ def longest_waits(flows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     return waits
 
 
+def class_counts(flows: Sequence[Mapping[str, Any]], before: Mapping[str, dict[str, int]] | None = None) -> Any:
+    """Per class: went straight on, queued, refused, over the replicas' /debug/flow, less `before` (the warm-up)."""
+    counts: dict[str, dict[str, int]] = {}
+    for flow in flows:
+        for klass, stats in flow.get("classes", {}).items():
+            row = counts.setdefault(klass, {"direct": 0, "queued": 0, "rejected": 0})
+            row["direct"] += int(stats.get("direct", 0))
+            row["queued"] += int(stats.get("queued", 0))
+            row["rejected"] += sum(int(v) for v in stats.get("rejected", {}).values())
+    for klass, row in counts.items():
+        for key, value in (before or {}).get(klass, {}).items():
+            row[key] -= value
+    return counts
+
+
 async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
                     sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
     rate = load * capacity
@@ -261,16 +279,29 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
         admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
         flow_before = await flow_counts(client, admin_ports)
+        flowing = not envoy_only and split_strategy(strategy)[1]
+        classes_before = class_counts(await flow_stats(client, stack)) if flowing else {}
+        sims = [f"127.0.0.1:{port}" for ports in stack.sim_ports.values() for port in ports]
+        engines_before = await scrape_metrics(client, sims)
+        cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
         started = time.perf_counter()
         try:
-            samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
-                                          duration_s=args.duration, seed=args.seed, client=client,
-                                          progress=printer, timeout_s=args.client_timeout, max_in_flight=4096)
+            with GcPauses() as pauses:
+                samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
+                                              duration_s=args.duration, seed=args.seed, client=client,
+                                              progress=printer, timeout_s=args.client_timeout, max_in_flight=4096)
         finally:
             printer.close()
         wall = time.perf_counter() - started
+        # Cores per process in the run, and the (shared) machine's load average: a tail may come from starvation.
+        cpu_after = {**group.cpu_seconds(), "client": self_cpu_seconds()}
+        cores = {k: round((cpu_after[k] - v) / wall, 2) for k, v in cpu_before.items() if k in cpu_after}
+        machine = {"loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count()}
         flow_run = (await flow_counts(client, admin_ports)) - flow_before
-        flows = await flow_stats(client, stack) if not envoy_only and split_strategy(strategy)[1] else []
+        # TTFT as the engines saw it (arrival at the engine to first token, all classes): a tail that is not
+        # here came from the path in front of them (service, Envoy, client).
+        engines = engine_ttft(engines_before, await scrape_metrics(client, sims))
+        flows = await flow_stats(client, stack) if flowing else []
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
     return {
@@ -279,6 +310,8 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
+        "flow_run_classes": class_counts(flows, classes_before),
+        "cores": cores, "machine": machine, "engine_ttft_ms": engines, "client_gc_pauses": pauses.longest(),
     }
 
 
@@ -287,6 +320,7 @@ TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50
          ("classes.standard.ttft_p50_ms", "std50"), ("classes.standard.ttft_p99_ms", "std99"),
          ("classes.standard.rejected", "std_rej"), ("classes.sheddable.ttft_p99_ms", "shed99"),
          ("classes.sheddable.rejected", "shed_rej"), ("goodput_rps", "goodput"), ("fairness.jain", "jain"),
+         ("engine_ttft_ms.p99", "eng99"),
          ("flow_run.queued", "fc_q"), ("flow_run.waited_over_1s", "fc_q>1s"), ("flow_run.rejected", "fc_rej"),
          ("client_timeouts", "timeouts")]
 
@@ -356,9 +390,10 @@ async def run_overload(args: argparse.Namespace) -> int:
     meta = {"endpoints": endpoints, "service_replicas": args.replicas, "capacity_rps": round(capacity, 2),
             "loads": loads, "duration_s": args.duration,
             "slo_ttft_s": args.slo_ttft, "mix": [vars(d) for d in MIX], "class_max_wait_s": classes,
-            "seed": args.seed, "workdir": str(workdir)}
+            "seed": args.seed, "workdir": str(workdir), "command": command_line()}
     paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "verdicts": summary})]
-    markdown = (f"## Overload benchmark\n\n{json.dumps(meta)}\n\n" + format_markdown_table(good, TABLE)
+    markdown = (f"## Overload benchmark\n\nCommand: `{meta['command']}`\n\n{json.dumps(meta)}\n\n"
+                + format_markdown_table(good, TABLE)
                 + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
     paths.append(write_markdown(out / "results.md", markdown))
     print(f"reports: {', '.join(str(p) for p in paths)}")

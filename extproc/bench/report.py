@@ -6,6 +6,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -17,6 +18,7 @@ from extproc.bench.loadgen import Progress
 __all__ = [
     "Column",
     "ProgressPrinter",
+    "command_line",
     "format_cell",
     "format_markdown_table",
     "format_progress",
@@ -122,6 +124,15 @@ def to_jsonable(obj: object) -> object:
     if hasattr(obj, "item"):  # numpy scalars
         return to_jsonable(obj.item())
     raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command that is running, as a shell would take it back (`extproc ...` for the installed entry point),
+    so that a report says how to reproduce it."""
+    args = list(sys.argv if argv is None else argv)
+    if args and Path(args[0]).name in ("extproc", "__main__.py"):
+        args[0] = "extproc"
+    return " ".join(shlex.quote(a) for a in args)
 
 
 def write_json(path: str | Path, obj: object) -> Path:

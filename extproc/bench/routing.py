@@ -25,12 +25,12 @@ from typing import Any
 import yaml
 
 from extproc.bench.flowstats import FlowCounts, flow_counts
-from extproc.bench.httpclient import HttpClient, RequestError
+from extproc.bench.httpclient import HttpClient
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.overload import run_overload
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
-from extproc.bench.report import ProgressPrinter, format_table
+from extproc.bench.report import ProgressPrinter, command_line, format_table
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import (
     SATURATED_CORES,
@@ -39,6 +39,7 @@ from extproc.bench.routing_metrics import (
     engine_ttft,
     hit_rate,
     point_row,
+    scrape_metrics,
 )
 from extproc.bench.routing_options import split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
@@ -98,19 +99,6 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
     return stack, None
 
 
-async def _scrape(client: HttpClient, addresses: Sequence[str]) -> dict[str, str]:
-    texts: dict[str, str] = {}
-    for address in addresses:
-        host, _, port = address.rpartition(":")
-        try:
-            response = await client.request("GET", host, int(port), "/metrics", timeout_s=5.0)
-        except RequestError:
-            continue
-        if response.status == 200:
-            texts[address] = response.body.decode("utf-8", "replace")
-    return texts
-
-
 def _with_pool_header(next_spec: Callable[[int], RequestSpec]) -> Callable[[int], RequestSpec]:
     def spec(index: int) -> RequestSpec:
         original = next_spec(index)
@@ -138,7 +126,7 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
         offset = len(warm)
         endpoints = {pool: [f"127.0.0.1:{p}" for p in ports] for pool, ports in stack.sim_ports.items()}
         addresses = [a for pool in endpoints.values() for a in pool]
-        metrics_before = await _scrape(client, addresses)
+        metrics_before = await scrape_metrics(client, addresses)
         ours = peer is None and strategy not in ENVOY_STRATEGIES
         admin_ports = [admin for _, admin in stack.service_ports] if ours else []
         flow_before = await flow_counts(client, admin_ports)
@@ -153,7 +141,7 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
             printer.close()
         wall = time.perf_counter() - t0
         cpu_after, self_after = group.cpu_seconds(), self_cpu_seconds()
-        metrics_after = await _scrape(client, addresses)
+        metrics_after = await scrape_metrics(client, addresses)
         flow: FlowCounts | None = (await flow_counts(client, admin_ports)) - flow_before if ours else None
         peer_report: dict[str, Any] | None = None
         if peer is not None:
@@ -202,7 +190,7 @@ def _command(args: argparse.Namespace) -> str | None:
     given = getattr(args, "command", None)
     if isinstance(given, str) and given.startswith("extproc "):
         return given
-    return "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None
+    return command_line() if sys.argv[1:3] == ["bench", "routing"] else None
 
 
 def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.loadgen import Sample
 from extproc.bench.stats import Summary, percentiles
 
@@ -24,6 +25,7 @@ __all__ = [
     "kv_blocks_for",
     "point_row",
     "saturated",
+    "scrape_metrics",
     "spread",
 ]
 
@@ -225,3 +227,17 @@ def point_row(
         "spread": spreads, "spread_max_min": worst_ratio, "spread_cv": max(cvs) if cvs else None,
         "cores": dict(cores), "max_cores": max(cores.values()) if cores else None, "saturated": saturated(cores),
     }
+
+
+async def scrape_metrics(client: HttpClient, addresses: Sequence[str]) -> dict[str, str]:
+    """The Prometheus text of each address's /metrics (an unreachable one is left out)."""
+    texts: dict[str, str] = {}
+    for address in addresses:
+        host, _, port = address.rpartition(":")
+        try:
+            response = await client.request("GET", host, int(port), "/metrics", timeout_s=5.0)
+        except RequestError:
+            continue
+        if response.status == 200:
+            texts[address] = response.body.decode("utf-8", "replace")
+    return texts

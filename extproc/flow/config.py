@@ -30,7 +30,10 @@ def default_classes() -> dict[str, PriorityClass]:
     return {
         "critical": PriorityClass(priority=100, max_wait_s=30.0),
         "standard": PriorityClass(priority=50, max_wait_s=10.0, reserve=0.1),
-        "sheddable": PriorityClass(priority=0, max_wait_s=0.0, reserve=0.2),
+        # Waits briefly rather than being refused at once: near saturation (0.9x) a seat frees within a second,
+        # and refusing while the fleet still has room is harm. It leaves the same 10% as standard for critical;
+        # between the two lower classes the queue's priority decides.
+        "sheddable": PriorityClass(priority=0, max_wait_s=1.0, reserve=0.1),
     }
 
 

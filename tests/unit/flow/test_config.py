@@ -12,7 +12,9 @@ POOLS = "pools: [{name: chat, model: m, endpoints: ['127.0.0.1:8000']}]\n"
 def test_defaults_have_three_classes_and_a_bounded_queue() -> None:
     config = FlowControlConfig()
     assert set(config.classes) == {"critical", "standard", "sheddable"}
-    assert config.classes["sheddable"].max_wait_s == 0
+    # Sheddable waits a moment, never past a second, and keeps no more for the classes above it than standard does.
+    assert config.classes["sheddable"].max_wait_s == 1.0
+    assert config.classes["sheddable"].reserve == config.classes["standard"].reserve
     assert config.longest_wait_s() == 30.0
 
 

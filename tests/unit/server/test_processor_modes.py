@@ -226,6 +226,7 @@ async def test_flow_control_sheds_with_429_in_endpoint_picker_mode_and_503_in_po
         policy = f"""\
 mode: {mode}
 tiers: {{default: {{priority: sheddable}}}}
+flow_control: {{classes: {{standard: {{priority: 50}}, sheddable: {{priority: 0, max_wait_s: 0}}}}}}
 pools:
   - {{name: chat, model: org/chat, endpoints: ["10.0.0.1:8000"], max_num_seqs: 1}}
 """
