@@ -158,7 +158,8 @@ async def run_autoscale(args: argparse.Namespace) -> int:
     policy = {"scheduling": {"scrape": {"interval_ms": 100}},
               "flow_control": {"classes": {"standard": {"priority": 50, "max_wait_s": 10.0}},
                                "default_class": "standard"},
-              "autoscaling": {"enabled": True, "target_per_replica": SEATS, "sample_interval_s": 0.5,
+              "autoscaling": {"enabled": True, "allow_unauthenticated": True,  # loopback
+                              "target_per_replica": SEATS, "sample_interval_s": 0.5,
                               "predict_s": args.predict, "trend_window_s": 10.0,
                               "scale_down_stabilization_s": args.stabilization}}
     # Replicas start while gRPC threads run here: no preexec hook for them (keda_controller.py).

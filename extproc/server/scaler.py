@@ -33,6 +33,7 @@ from extproc.flow import FlowController
 from extproc.gateway.runtime import Pool, RuntimeHolder
 from extproc.periodic import Periodic
 from extproc.server.keda import externalscaler as pb
+from extproc.server.scaler_port import ScalerPort
 
 __all__ = ["METRIC_PREFIX", "ScalerService", "metric_name", "pool_demand"]
 
@@ -69,15 +70,24 @@ class ScalerService:
         self._sampler = Periodic("autoscale-sampler", self._sample, lambda: self._config().sample_interval_s,
                                  log=log, what="demand sampling", immediate=True)
         flow.cold_listeners.append(self.wake)
+        self.port: ScalerPort | None = None  # its own port (autoscaling.grpc_port), else service.grpc_port's
+
+    def serve_alone(self, host: str, options: Any = ()) -> None:
+        """Serve on autoscaling.grpc_port (with its mTLS), from `start()`, instead of on the caller's server."""
+        self.port = ScalerPort(self.handler(), host, self._config(), options)
 
     def _config(self) -> AutoscalingConfig:
         return self._runtimes.current.policy.autoscaling
 
     # -- sampling (off the request path) ---------------------------------------------------------------
     async def start(self) -> None:
+        if self.port is not None:
+            await self.port.start()
         self._sampler.start()
 
     async def stop(self) -> None:
+        if self.port is not None:
+            await self.port.stop()
         await self._sampler.stop()
         for events in self._streams.values():
             for event in events:
