@@ -45,6 +45,7 @@ class AutoscalingConfig(Strict):
     max_streams: int = Field(default=64, ge=1, le=10_000, description="concurrent StreamIsActive calls")
     grpc_port: Port | None = Field(default=None, description="serve the scaler on this port of service.grpc_host, "
                                                               "alone (needed for tls); unset: on service.grpc_port")
+    grpc_host: str | None = Field(default=None, description="the address grpc_port binds (unset: service.grpc_host)")
     tls: ScalerTls | None = Field(default=None, description="mTLS on grpc_port: only KEDA's client certificate "
                                                             "gets in")
     allow_unauthenticated: bool = Field(default=False, description="serve the scaler without tls (then only KEDA "

@@ -74,7 +74,8 @@ class ScalerService:
 
     def serve_alone(self, host: str, options: Any = ()) -> None:
         """Serve on autoscaling.grpc_port (with its mTLS), from `start()`, instead of on the caller's server."""
-        self.port = ScalerPort(self.handler(), host, self._config(), options)
+        config = self._config()
+        self.port = ScalerPort(self.handler(), config.grpc_host or host, config, options)
 
     def _config(self) -> AutoscalingConfig:
         return self._runtimes.current.policy.autoscaling
