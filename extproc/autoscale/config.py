@@ -42,6 +42,9 @@ class AutoscalingConfig(Strict):
     scale_down_stabilization_s: float = Field(default=300.0, ge=0, le=3600,
                                               description="a fall in demand is reported only once it has lasted "
                                                           "this long (never less than the window's highest demand)")
+    smoothing_s: float = Field(default=0.0, ge=0, le=600,
+                               description="demand is the mean of this many seconds of samples (0 = each sample); "
+                                           "a rise then shows in full within it")
     max_streams: int = Field(default=64, ge=1, le=10_000, description="concurrent StreamIsActive calls")
     grpc_port: Port | None = Field(default=None, description="serve the scaler on this port of service.grpc_host, "
                                                               "alone (needed for tls); unset: on service.grpc_port")

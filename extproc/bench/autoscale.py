@@ -58,6 +58,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="autoscaling.scale_down_stabilization_s (default 20)")
     parser.add_argument("--cooldown", type=float, default=10.0, help="KEDA's cooldownPeriod to zero (default 10)")
     parser.add_argument("--predict", type=float, default=10.0, help="autoscaling.predict_s (default 10)")
+    parser.add_argument("--smoothing", type=float, default=2.0,
+                        help="autoscaling.smoothing_s (default 2: the poll interval; 0 = raw samples)")
     parser.add_argument("--json", metavar="FILE", default="reports/autoscale.json", help="report path (+ .png)")
     parser.add_argument("--workdir", metavar="DIR", help="where config and logs go (default: temp)")
 
@@ -160,7 +162,7 @@ async def run_autoscale(args: argparse.Namespace) -> int:
                                "default_class": "standard"},
               "autoscaling": {"enabled": True, "allow_unauthenticated": True,  # loopback
                               "target_per_replica": SEATS, "sample_interval_s": 0.5,
-                              "predict_s": args.predict, "trend_window_s": 10.0,
+                              "predict_s": args.predict, "trend_window_s": 10.0, "smoothing_s": args.smoothing,
                               "scale_down_stabilization_s": args.stabilization}}
     # Replicas start while gRPC threads run here: no preexec hook for them (keda_controller.py).
     async with ProcessGroup(workdir / "logs") as group, \
@@ -201,12 +203,24 @@ async def run_autoscale(args: argparse.Namespace) -> int:
     # the direction changes, and by the scaler's rule too only once the window since the higher demand passed.)
     downs = [t for (_, before), (t, n) in itertools.pairwise(ready) if n < before and t >= fall_start]
     early_downs = [t for t in downs if t < fall_start + args.stabilization]
+    # The hold: the demand the pool really carried (Little's law: arrival rate x mean time in the system) against
+    # what the scaler reported and the replicas asked for.
+    hold_start = next(start for phase, start, _, _ in segments if phase == "hold")
+    in_hold = [p for p in timeline if hold_start + args.poll <= p["t"] < fall_start]
+    hold = by_phase["hold"]
+    carried = hold["achieved_rps"] * hold["e2e_ms"]["mean"] / 1000 if hold["e2e_ms"]["n"] else 0.0
+    hold_report = {"carried_in_flight": round(carried, 2), "replicas_for_it": math.ceil(carried / SEATS - 1e-9),
+                   "reported_mean": round(sum(p["value"] for p in in_hold) / max(1, len(in_hold)), 2),
+                   "reported_max": round(max((p["value"] for p in in_hold), default=0.0), 2),
+                   "desired_max": max((p["desired"] for p in in_hold), default=0)}
     report: dict[str, Any] = {
         "command": "extproc " + " ".join(sys.argv[1:]), "workdir": str(workdir),
         "replica_capacity_rps": round(capacity_rps(), 2), "peak_rps": round(peak_rps, 2),
         "cold_start_s": args.cold_start, "poll_s": args.poll, "stabilization_s": args.stabilization,
-        "predict_s": args.predict, "phases": by_phase, "timeline": timeline, "ready": ready,
-        "scale_up_lags_s": lags, "lag_bound_s": bound, "replica_starts": starts, "load_follow": by_load,
+        "predict_s": args.predict, "smoothing_s": args.smoothing, "max_replicas": args.max_replicas,
+        "phases": by_phase, "timeline": timeline, "ready": ready,
+        "hold": hold_report, "scale_up_lags_s": lags, "lag_bound_s": bound, "replica_starts": starts,
+        "load_follow": by_load,
         "first_scale_down_after_fall_s":
             round(downs[0] - fall_start, 3) if downs else None, "scale_downs_before_window": early_downs,
         "desired_direction_changes": direction_changes([p["desired"] for p in timeline]),
@@ -220,6 +234,10 @@ async def run_autoscale(args: argparse.Namespace) -> int:
     print("replica starts (asked -> told to listen -> listening, s): "
           + ", ".join(f"{s['cold_start_s']}+{s['listening_after_s']}{' (parked late)' if s['parked_late'] else ''}"
                       for s in starts))
+    print(f"hold: {hold_report['carried_in_flight']} requests in flight on average (Little's law) = "
+          f"{hold_report['replicas_for_it']} replicas at {SEATS} each; reported demand mean "
+          f"{hold_report['reported_mean']}, max {hold_report['reported_max']}; replicas asked: "
+          f"{hold_report['desired_max']}")
     print(f"scale-up lags (s): {lags} (bound {bound:g}); first scale-down {report['first_scale_down_after_fall_s']} s "
           f"after the load began to fall (window {args.stabilization:g} s); desired direction changes: "
           f"{report['desired_direction_changes']}; scale-downs before the window: {len(early_downs)}; "

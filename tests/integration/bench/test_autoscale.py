@@ -32,5 +32,6 @@ async def test_a_short_ramp_scales_from_zero_and_back_without_errors(tmp_path: P
     starts = report["replica_starts"]  # pre-started parked: each listens once its cold start has passed
     assert len(starts) >= 2 and all(s["cold_start_s"] >= 1.0 for s in starts)
     assert report["load_follow"] and report["command"]
+    assert report["hold"]["carried_in_flight"] > 0 and report["hold"]["desired_max"] >= 1
     assert report["flow"]["classes"]["standard"]["rejected"] == {}
     assert report_path.with_suffix(".png").stat().st_size > 0
