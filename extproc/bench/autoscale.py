@@ -208,7 +208,7 @@ async def run_autoscale(args: argparse.Namespace) -> int:
     hold_start = next(start for phase, start, _, _ in segments if phase == "hold")
     in_hold = [p for p in timeline if hold_start + args.poll <= p["t"] < fall_start]
     hold = by_phase["hold"]
-    carried = hold["achieved_rps"] * hold["e2e_ms"]["mean"] / 1000 if hold["e2e_ms"]["n"] else 0.0
+    carried = float(hold["achieved_rps"]) * float(hold["e2e_ms"]["mean"] or 0.0) / 1000
     hold_report = {"carried_in_flight": round(carried, 2), "replicas_for_it": math.ceil(carried / SEATS - 1e-9),
                    "reported_mean": round(sum(p["value"] for p in in_hold) / max(1, len(in_hold)), 2),
                    "reported_max": round(max((p["value"] for p in in_hold), default=0.0), 2),
