@@ -4,7 +4,8 @@ A ScaledObject's external trigger names the pool in its metadata (`pool: NAME`);
 metadata in every call (`ScaledObjectRef.scalerMetadata`). For that pool:
 
 - `GetMetricSpec`: one metric, `extproc-demand-<pool>`, with the policy's target demand per replica (KEDA's HPA
-  divides the metric by it: replicas = ceil(demand / target));
+  divides the metric by it: replicas = ceil(demand / target)); `StreamMetricSpec` pushes it again when a policy
+  reload changes it;
 - `GetMetrics`: the pool's stabilised, projected demand (`extproc.autoscale.demand`);
 - `IsActive`: whether the pool needs a replica at all (demand, or a request held for it);
 - `StreamIsActive`: the same, sent when the stream opens and whenever it changes: at once when a request is held
@@ -136,6 +137,9 @@ class ScalerService:
             "GetMetricSpec": grpc.unary_unary_rpc_method_handler(
                 self.GetMetricSpec, request_deserializer=pb.ScaledObjectRef.FromString,
                 response_serializer=pb.GetMetricSpecResponse.SerializeToString),
+            "StreamMetricSpec": grpc.unary_stream_rpc_method_handler(
+                self.StreamMetricSpec, request_deserializer=pb.ScaledObjectRef.FromString,
+                response_serializer=pb.GetMetricSpecResponse.SerializeToString),
             "GetMetrics": grpc.unary_unary_rpc_method_handler(
                 self.GetMetrics, request_deserializer=pb.GetMetricsRequest.FromString,
                 response_serializer=pb.GetMetricsResponse.SerializeToString),
@@ -184,11 +188,36 @@ class ScalerService:
                 if not events:
                     del self._streams[name]
 
-    async def GetMetricSpec(self, ref: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        pool = await self._pool(ref, context)
+    def _spec(self, pool: Pool) -> Any:
         target = pool.config.target_per_replica or self._config().target_per_replica
         return pb.GetMetricSpecResponse(metricSpecs=[pb.MetricSpec(
             metricName=metric_name(pool.name), targetSize=max(1, round(target)), targetSizeFloat=target)])
+
+    async def GetMetricSpec(self, ref: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return self._spec(await self._pool(ref, context))
+
+    async def StreamMetricSpec(self, ref: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        """KEDA's optional push of the metric spec: sent when the stream opens, and again when a policy reload
+        changes the pool's target (looked at every sample interval); the same answer GetMetricSpec gives. Ends
+        when the pool leaves the policy (KEDA opens it again, and GetMetricSpec then answers NOT_FOUND)."""
+        pool = await self._pool(ref, context)
+        if self._open_streams >= self._config().max_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "too many streams (autoscaling.max_streams)")
+        self._open_streams += 1
+        try:
+            sent: Any = None
+            while self._sampler.running or sent is None:
+                current = self._runtimes.current.pools.get(pool.name)
+                if current is None:
+                    return
+                spec = self._spec(current)
+                if spec != sent:
+                    sent = spec
+                    yield spec
+                await asyncio.sleep(self._config().sample_interval_s)
+        finally:
+            self._open_streams -= 1
 
     async def GetMetrics(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         pool = await self._pool(request.scaledObjectRef, context)

@@ -4,6 +4,7 @@ client CA is reloaded when its file changes; the ext_proc port no longer serves 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -142,3 +143,21 @@ async def test_a_rotated_client_ca_lets_the_new_certificate_in_and_the_old_one_n
     async with grpc.aio.secure_channel(target, pki.credentials(old)) as channel:
         with pytest.raises(grpc.aio.AioRpcError):
             await spec(keda, channel)
+
+
+async def test_the_metric_spec_is_pushed_again_when_a_reload_changes_the_target(
+        served: tuple[Service, Pki], keda: tuple[ModuleType, ModuleType]) -> None:
+    service, pki = served
+    pb2, grpc_module = keda
+    async with grpc.aio.secure_channel(f"127.0.0.1:{scaler_port(service)}", pki.credentials(pki.client_ca)) as channel:
+        stub = grpc_module.ExternalScalerStub(channel)
+        stream = stub.StreamMetricSpec(ref(pb2))
+        first = await stream.read()
+        assert [(m.metricName, m.targetSizeFloat) for m in first.metricSpecs] == [("extproc-demand-chat", 8.0)]
+        policy = service.runtimes.current.policy
+        pools = [policy.pools[0].model_copy(update={"target_per_replica": 3.0})]
+        service.runtimes.replace(policy.model_copy(update={"pools": pools}))
+        second = await asyncio.wait_for(stream.read(), 10)
+        assert [(m.metricName, m.targetSizeFloat) for m in second.metricSpecs] == [("extproc-demand-chat", 3.0)]
+        assert (await stub.GetMetricSpec(ref(pb2), timeout=5)).metricSpecs[0].targetSizeFloat == 3.0
+        stream.cancel()
