@@ -21,8 +21,8 @@ import aiohttp
 import yaml
 
 from extproc.bench.loadgen import Progress, RequestSpec, Sample, run_open_loop
-from extproc.bench.procs import Child, ProcessGroup, wait_http_ok
-from extproc.bench.stack import PYTHON, SimPool, Stack, free_ports, prepare, start_envoy, start_sim
+from extproc.bench.procs import ProcessGroup
+from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.config import parse_policy
 from extproc.limits.types import (
     AdmitRequest,
@@ -247,25 +247,6 @@ def state(result: AdmitResult, name: str) -> LimitState:
 
 
 # -- stacks of real processes (simulator, service, Envoy) -------------------------------------------------------
-async def start_service_with(group: ProcessGroup, stack: Stack, index: int = 0, grace_s: float | None = None,
-                             drain_delay_s: float | None = 0.0) -> Child:
-    """Like `extproc.bench.stack.start_service`, plus explicit `--grace` / `--drain-delay`.
-
-    The drain delay defaults to 0 (not the product's 3 s): SIGTERM is a test's teardown, which need not wait;
-    a test of draining passes its own."""
-    grpc_port, admin_port = stack.service_ports[index]
-    name = "service" if index == 0 else f"service-{index}"
-    argv = [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path),
-            "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)]
-    if grace_s is not None:
-        argv += ["--grace", str(grace_s)]
-    if drain_delay_s is not None:
-        argv += ["--drain-delay", str(drain_delay_s)]
-    child = await group.start(name, argv)
-    await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=child)
-    return child
-
-
 async def launch_stack(
     group: ProcessGroup, workdir: Path, pools: Sequence[SimPool], *,
     envoy: Mapping[str, Any] | None = None, extra_policy: Mapping[str, Any] | None = None,
@@ -274,7 +255,7 @@ async def launch_stack(
 ) -> Stack:
     """`extproc.bench.stack.launch` for tests: a hook to edit the policy document (e.g. per-pool keys such as
     `backup_pool`, which `SimPool` cannot express), the drain settings of the service replicas (no drain delay
-    unless asked: see `start_service_with`), and the simulator's fast profile by default."""
+    unless asked: see `extproc.bench.stack.start_service`), and the simulator's fast profile by default."""
     stack = prepare(workdir, pools, envoy=envoy, extra_policy=extra_policy, service_replicas=service_replicas)
     if patch is not None:
         document = yaml.safe_load(stack.policy_path.read_text())
@@ -284,7 +265,7 @@ async def launch_stack(
         write_config(stack.policy, stack.envoy_dir)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
     for index in range(service_replicas):
-        child = await start_service_with(group, stack, index, grace_s, drain_delay_s)
+        child = await start_service(group, stack, index, grace_s=grace_s, drain_delay_s=drain_delay_s)
         stack.children[child.name] = child
     stack.children["envoy"] = await start_envoy(group, stack)
     return stack
@@ -321,12 +302,12 @@ async def kill_and_restart(group: ProcessGroup, stack: Stack) -> Outage:
     stack.children["service"].send_signal(9)  # SIGKILL: no drain, like a crash
     killed_s = time.monotonic() - started
     await progress.answered(progress.done + 60)
-    stack.children["service"] = await start_service_with(group, stack)
+    stack.children["service"] = await start_service(group, stack)
     back_s = time.monotonic() - started
     return Outage(await load, killed_s, back_s)
 
 
 __all__ = ["FAST", "LoadProgress", "Outage", "SteppedSleep", "admin_json", "arrive_after", "block_event_loop",
            "debug_flow", "debug_pools", "envoy_binary", "eventually", "free_ports", "held", "holds_for",
-           "kill_and_restart", "launch_stack", "metric_value", "pool_endpoint", "req", "start_service_with", "state",
+           "kill_and_restart", "launch_stack", "metric_value", "pool_endpoint", "req", "state",
            "wait_metric", "wait_until"]

@@ -146,11 +146,18 @@ async def start_sim(group: ProcessGroup, workdir: Path, pools: Sequence[SimPool]
     return child
 
 
-async def start_service(group: ProcessGroup, stack: Stack, index: int = 0) -> Child:
+async def start_service(group: ProcessGroup, stack: Stack, index: int = 0, *, grace_s: float | None = None,
+                        drain_delay_s: float = 0.0) -> Child:
+    """Service replica `index`, ready. The drain delay defaults to 0, not the product's 3 s: these stacks stop
+    the service at their end (a benchmark point, a test's teardown), where no health check needs the time to
+    move traffic away; a test of draining passes its own. `grace_s` None keeps the product's default."""
     grpc_port, admin_port = stack.service_ports[index]
     name = "service" if index == 0 else f"service-{index}"
-    child = await group.start(name, [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path),
-                                     "--grpc-port", str(grpc_port), "--admin-port", str(admin_port)])
+    argv = [PYTHON, "-m", "extproc", "serve", "--config", str(stack.policy_path),
+            "--grpc-port", str(grpc_port), "--admin-port", str(admin_port), "--drain-delay", str(drain_delay_s)]
+    if grace_s is not None:
+        argv += ["--grace", str(grace_s)]
+    child = await group.start(name, argv)
     await wait_http_ok(f"http://127.0.0.1:{admin_port}/readyz", 30, child=child)
     return child
 

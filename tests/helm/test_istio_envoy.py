@@ -20,11 +20,11 @@ import yaml
 
 from extproc.bench.loadgen import Sample
 from extproc.bench.procs import ProcessGroup
-from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_sim
+from extproc.bench.stack import SimPool, Stack, prepare, start_envoy, start_service, start_sim
 from extproc.config import Policy, parse_policy
 from extproc.xds.render import dump, render_static
 from tests.helm.chart import Chart, istio_bootstrap, policy_text
-from tests.support import Outage, kill_and_restart, start_service_with
+from tests.support import Outage, kill_and_restart
 
 pytestmark = pytest.mark.asyncio
 
@@ -72,7 +72,7 @@ async def run(tmp_path: Path, chart: Chart, istio: dict[str, Any]) -> tuple[Stac
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
                                                 ["--profile", "fast"])
-        stack.children["service"] = await start_service_with(group, stack)
+        stack.children["service"] = await start_service(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
         outage = await kill_and_restart(group, stack)
     return stack, outage
@@ -117,7 +117,7 @@ async def test_fail_closed_a_routed_stream_outlives_the_service_and_the_rest_get
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
                                                 ["--profile", "fast"])
-        stack.children["service"] = await start_service_with(group, stack)
+        stack.children["service"] = await start_service(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             routed = asyncio.Event()
@@ -147,7 +147,7 @@ async def test_istio_s_own_pool_cluster_with_the_merged_policy_sends_each_reques
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [MAIN, SPARE], stack.sim_ports,
                                                 ["--profile", "fast"])
-        stack.children["service"] = await start_service_with(group, stack)
+        stack.children["service"] = await start_service(group, stack)
         stack.children["envoy"] = await start_envoy(group, stack)
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             served: dict[str, int] = {}
