@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import math
@@ -28,13 +29,14 @@ from typing import Any
 
 import grpc
 
-from extproc.bench.httpclient import HttpClient
+from extproc.bench.httpclient import HttpClient, RequestError
 from extproc.bench.keda_controller import Controller, Replicas, ScalerClient
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.report import format_table, plot_lines, write_json
 from extproc.bench.stack import SimPool, prepare, start_envoy, start_service
 from extproc.bench.stats import summarize
+from extproc.endpoints.vllm_metrics import parse_vllm_metrics
 from extproc.sim.profile import profile_from_mapping
 
 MODEL = "org/auto"
@@ -135,6 +137,21 @@ def demand_lags(segments: Sequence[tuple[str, float, float, float]], capacity: f
     return rows
 
 
+async def engine_demand(client: HttpClient, replicas: Replicas, t0: float, until: float, every_s: float,
+                        into: list[tuple[float, float]]) -> None:
+    """The engines' own running + waiting (their /metrics), summed over the replicas listening: what the
+    scaler's demand estimates, sampled beside it."""
+    while time.monotonic() < until:
+        total = 0.0
+        for port in list(replicas.running):
+            with contextlib.suppress(RequestError, OSError, TimeoutError, ValueError):
+                response = await client.request("GET", "127.0.0.1", port, "/metrics", timeout_s=2.0)
+                metrics = parse_vllm_metrics(response.body.decode(), 0.0)
+                total += metrics.running + metrics.waiting
+        into.append((round(time.monotonic() - t0, 3), total))
+        await asyncio.sleep(every_s)
+
+
 def direction_changes(values: Sequence[float]) -> int:
     changes, direction = 0, 0
     for before, after in itertools.pairwise(values):
@@ -180,9 +197,12 @@ async def run_autoscale(args: argparse.Namespace) -> int:
                                     args.cooldown)
             t0 = time.monotonic()
             control = asyncio.create_task(controller.run(t0 + run_s))
+            engines: list[tuple[float, float]] = []
+            engine_sampler = asyncio.create_task(engine_demand(client, replicas, t0, t0 + run_s, 0.5, engines))
             loads = await asyncio.gather(*(_segment(stack.envoy_port, phase, start, duration, rate, t0, client)
                                            for phase, start, duration, rate in segments))
             await control
+            await engine_sampler
             response = await client.request("GET", "127.0.0.1", stack.policy.service.admin_port, "/debug/flow")
             flow = json.loads(response.body)["pools"].get("auto", {})
         await replicas.close()
@@ -209,7 +229,10 @@ async def run_autoscale(args: argparse.Namespace) -> int:
     in_hold = [p for p in timeline if hold_start + args.poll <= p["t"] < fall_start]
     hold = by_phase["hold"]
     carried = float(hold["achieved_rps"]) * float(hold["e2e_ms"]["mean"] or 0.0) / 1000
+    in_hold_engines = [n for t, n in engines if hold_start + args.poll <= t < fall_start]
     hold_report = {"carried_in_flight": round(carried, 2), "replicas_for_it": math.ceil(carried / SEATS - 1e-9),
+                   "engines_running_waiting_mean": round(sum(in_hold_engines) / max(1, len(in_hold_engines)), 2),
+                   "engines_running_waiting_max": max(in_hold_engines, default=0.0),
                    "reported_mean": round(sum(p["value"] for p in in_hold) / max(1, len(in_hold)), 2),
                    "reported_max": round(max((p["value"] for p in in_hold), default=0.0), 2),
                    "desired_max": max((p["desired"] for p in in_hold), default=0)}
@@ -218,7 +241,7 @@ async def run_autoscale(args: argparse.Namespace) -> int:
         "replica_capacity_rps": round(capacity_rps(), 2), "peak_rps": round(peak_rps, 2),
         "cold_start_s": args.cold_start, "poll_s": args.poll, "stabilization_s": args.stabilization,
         "predict_s": args.predict, "smoothing_s": args.smoothing, "max_replicas": args.max_replicas,
-        "phases": by_phase, "timeline": timeline, "ready": ready,
+        "phases": by_phase, "timeline": timeline, "engines": engines, "ready": ready,
         "hold": hold_report, "scale_up_lags_s": lags, "lag_bound_s": bound, "replica_starts": starts,
         "load_follow": by_load,
         "first_scale_down_after_fall_s":
@@ -235,7 +258,9 @@ async def run_autoscale(args: argparse.Namespace) -> int:
           + ", ".join(f"{s['cold_start_s']}+{s['listening_after_s']}{' (parked late)' if s['parked_late'] else ''}"
                       for s in starts))
     print(f"hold: {hold_report['carried_in_flight']} requests in flight on average (Little's law) = "
-          f"{hold_report['replicas_for_it']} replicas at {SEATS} each; reported demand mean "
+          f"{hold_report['replicas_for_it']} replicas at {SEATS} each; engines' running + waiting mean "
+          f"{hold_report['engines_running_waiting_mean']}, max {hold_report['engines_running_waiting_max']}; "
+          "reported demand mean "
           f"{hold_report['reported_mean']}, max {hold_report['reported_max']}; replicas asked: "
           f"{hold_report['desired_max']}")
     print(f"scale-up lags (s): {lags} (bound {bound:g}); first scale-down {report['first_scale_down_after_fall_s']} s "
