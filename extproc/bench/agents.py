@@ -12,16 +12,17 @@ as on the chat `multi-turn` workload.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
 
 from extproc.bench.loadgen import RequestSpec
-from extproc.bench.routing_workloads import RoutingWorkload, prompt_text
+from extproc.bench.routing_workloads import MultiTurnChats, RoutingWorkload, prompt_text
 from extproc.bench.workloads import JSON_HEADERS
 
-__all__ = ["AgentSessions", "agents_workload"]
+__all__ = ["AgentSessions", "AgentsAndChats", "agents_and_chats_workload", "agents_workload"]
 
 _AGENTS = 4  # distinct agent definitions (system prompt + tools), shared by their sessions
 _TEMPLATE_TOKENS = 8
@@ -144,3 +145,24 @@ class AgentSessions:
 def agents_workload(model: str, *, pool: str = "chat", seed: int = 0, sessions: int = 32) -> RoutingWorkload:
     agents = AgentSessions(model, pool=pool, seed=seed, sessions=sessions)
     return RoutingWorkload("agents", agents, {pool: agents.prefix_working_set_tokens})
+
+
+class AgentsAndChats:
+    """The `agents+chat` workload: the chat `multi-turn` conversations (even requests) and the agent sessions
+    (odd ones) on one fleet at once, each generator fed its own indices in order; every spec is labelled with
+    its `workload`, so that hit rates per workload compare the two under the same load, KV and routing."""
+
+    def __init__(self, model: str, *, pool: str = "chat", seed: int = 0) -> None:
+        self.chats = MultiTurnChats(model, pool=pool, seed=seed)
+        self.agents = AgentSessions(model, pool=pool, seed=seed)
+
+    def __call__(self, index: int) -> RequestSpec:
+        agent = index % 2 == 1
+        spec = self.agents(index // 2) if agent else self.chats(index // 2)
+        return dataclasses.replace(spec, labels={**spec.labels, "workload": "agents" if agent else "chat"})
+
+
+def agents_and_chats_workload(model: str, *, pool: str = "chat", seed: int = 0) -> RoutingWorkload:
+    both = AgentsAndChats(model, pool=pool, seed=seed)
+    return RoutingWorkload("agents+chat", both, {pool: both.chats.prefix_working_set_tokens
+                                                 + both.agents.prefix_working_set_tokens})

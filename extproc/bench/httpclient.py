@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
-__all__ = ["ErrorKind", "HttpClient", "RequestError", "Response"]
+from extproc.bench.sse import SseScanner, usage_of
+
+__all__ = ["ErrorKind", "HttpClient", "RequestError", "Response", "SseScanner"]
 
 ErrorKind = Literal["connect", "timeout", "reset", "protocol"]
 Headers = Sequence[tuple[str, str]] | Mapping[str, str]
 
-_CONTENT_KEYS = (b'"content"', b'"text"', b'"reasoning_content"', b'"arguments"', b'"delta"')  # delta: Responses
 _NO_BODY_STATUS = frozenset({204, 304})
 
 
@@ -49,83 +49,7 @@ class Response:
     completion_tokens: int | None = None
     chunks: int = 0
     aborted: bool = False
-
-
-def _value_index(payload: bytes, key: bytes) -> int:
-    """Index of the first byte of the JSON value following `key` (a quoted name), or -1."""
-    n = len(payload)
-    i = payload.find(key)
-    while i >= 0:
-        j = i + len(key)
-        while j < n and payload[j] in b" \t":
-            j += 1
-        if j < n and payload[j] == 0x3A:  # ':'
-            j += 1
-            while j < n and payload[j] in b" \t":
-                j += 1
-            return j if j < n else -1
-        i = payload.find(key, i + 1)
-    return -1
-
-
-def _carries_content(payload: bytes) -> bool:
-    for key in _CONTENT_KEYS:
-        j = _value_index(payload, key)
-        if 0 <= j < len(payload) - 1 and payload[j] == 0x22 and payload[j + 1] != 0x22:
-            return True
-    return False
-
-
-def _usage(payload: bytes) -> tuple[int | None, int | None] | None:
-    """(prompt_tokens, completion_tokens) from a JSON object's non-null `usage` (or `response.usage`), else None."""
-    j = _value_index(payload, b'"usage"')
-    if j < 0 or payload[j] != 0x7B:  # '{'
-        return None
-    try:
-        parsed = json.loads(payload)
-        usage: Any = parsed.get("usage") or (parsed.get("response") or {}).get("usage")
-        prompt = usage.get("prompt_tokens", usage.get("input_tokens"))  # OpenAI's, else Anthropic's/Responses'
-        completion = usage.get("completion_tokens", usage.get("output_tokens"))
-    except (ValueError, AttributeError):  # not JSON, or no usage object
-        return None
-    return (prompt if isinstance(prompt, int) else None, completion if isinstance(completion, int) else None)
-
-
-class SseScanner:
-    """Incremental, sans-IO scan of an OpenAI-style event stream (counts content events, finds usage)."""
-
-    __slots__ = ("_buf", "chunks", "completion_tokens", "first_content_ns", "prompt_tokens")
-
-    def __init__(self) -> None:
-        self._buf = b""
-        self.chunks = 0
-        self.first_content_ns: int | None = None
-        self.prompt_tokens: int | None = None
-        self.completion_tokens: int | None = None
-
-    def feed(self, data: bytes, now_ns: int) -> None:
-        buf = self._buf + data if self._buf else data
-        if b"\r" in buf:
-            buf = buf.replace(b"\r\n", b"\n")
-        start = 0
-        while (end := buf.find(b"\n\n", start)) >= 0:
-            self._event(buf[start:end], now_ns)
-            start = end + 2
-        self._buf = buf[start:]
-
-    def _event(self, event: bytes, now_ns: int) -> None:
-        payload = b"\n".join(
-            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-        )
-        if not payload or payload == b"[DONE]":
-            return
-        if _carries_content(payload):
-            self.chunks += 1
-            if self.first_content_ns is None:
-                self.first_content_ns = now_ns
-        usage = _usage(payload)
-        if usage is not None:
-            self.prompt_tokens, self.completion_tokens = usage
+    cached_tokens: int | None = None
 
 
 @dataclass(slots=True, eq=False)  # eq=False: pooled connections are hashed by identity
@@ -176,15 +100,15 @@ class _Exchange:
         if sse is not None:
             first = sse.first_content_ns
             ttft = None if first is None else (first - self.start_ns) / 1e9
-            prompt, completion, chunks = sse.prompt_tokens, sse.completion_tokens, sse.chunks
+            prompt, completion, cached, chunks = sse.prompt_tokens, sse.completion_tokens, sse.cached_tokens, sse.chunks
         else:
             ttft, chunks = None, 0
-            prompt = completion = None
+            prompt = completion = cached = None
             if not aborted and "json" in self.headers.get("content-type", ""):
-                prompt, completion = _usage(body) or (None, None)
+                prompt, completion, cached = usage_of(body) or (None, None, None)
         return Response(
             self.status, self.headers, body, ttft, (end_ns - self.start_ns) / 1e9,
-            prompt, completion, chunks, aborted,
+            prompt, completion, chunks, aborted, cached,
         )
 
 

@@ -69,6 +69,7 @@ class Sample:
     stream: bool = False
     aborted: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
+    cached_tokens: int | None = None  # prompt tokens the engine read from its prefix cache (usage), if it said
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +158,7 @@ class _Run:
             sample = Sample(
                 index, spec.labels, start_s, late_s, resp.status, error, resp.ttft_s, resp.e2e_s,
                 resp.prompt_tokens, resp.completion_tokens, resp.chunks, spec.stream, resp.aborted,
-                {h: resp.headers[h] for h in self.capture if h in resp.headers},
+                {h: resp.headers[h] for h in self.capture if h in resp.headers}, resp.cached_tokens,
             )
         finally:
             self.in_flight -= 1

@@ -4,27 +4,29 @@ One Envoy serves three listeners: a `direct_response` backend (so no simulator i
 rendered gateway listener (header_mutation + ext_proc + router, pool -> the backend) and a bare listener
 (router only, same backend). The same requests go through both, in alternating rounds so machine
 noise falls on both alike; the difference is what our filter costs. With several `--store` values
-(e.g. memory,redis) each store gets its own service and Envoy, and the rounds alternate over all of
-them, so the stores are compared in one run; `--body-modes`: extproc/bench/body_modes.py.
+(e.g. memory,redis) each store gets its own service and Envoy (with its own backend listener, so every
+variant's path has the same hops), and the rounds alternate over all of them, so the stores are compared
+in one run; `--body-modes`: extproc/bench/body_modes.py.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes, picker_policy, pool_cluster
+from extproc.bench.body_modes import add_body_modes, over_buffered, parse_modes, picker_policy
 from extproc.bench.limits import ADMISSION_PATHS, DEGRADED
-from extproc.bench.loadgen import RequestSpec, Sample, run_closed_loop, run_open_loop
+from extproc.bench.loadgen import Sample, run_closed_loop, run_open_loop
+from extproc.bench.otlp_sink import spans_received, start_sink
+from extproc.bench.overhead_stack import MODEL, bench_bootstrap, request_spec
+from extproc.bench.paired import TRACED_SUFFIXES, TWIN, round_p50, tracing_report
 from extproc.bench.procs import (
     ProcessGroup,
     cpu_seconds,
@@ -38,18 +40,10 @@ from extproc.bench.procs import (
 from extproc.bench.report import format_table, write_json
 from extproc.bench.stack import PYTHON, free_port_block, free_ports
 from extproc.bench.stats import summarize
-from extproc.config import Policy, parse_policy
+from extproc.config import parse_policy
 from extproc.guard import DETECTORS
 from extproc.telemetry.metrics import PHASE_CPU, PHASES, STREAMS
 from extproc.xds import find_envoy
-from extproc.xds.render import render_static
-
-MODEL = "bench-model"
-_BACKEND_BODY = json.dumps({
-    "id": "cmpl-bench", "object": "chat.completion", "model": MODEL,
-    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
-    "usage": {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13},
-})
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -84,52 +78,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="also run the first store with tracing on at this sample ratio (Envoy's tracer too), "
                              "exporting to an OTLP receiver in this process, and print its cost over tracing off "
                              "in the same run (needs the tracing extra)")
+    parser.add_argument("--tracing-envoy", choices=sorted(TRACED_SUFFIXES), default="on",
+                        help="with --tracing: Envoy's tracer on too (on, as shipped), off (our spans only), or both "
+                             "variants in the same run (tells Envoy's share of the cost from ours)")
     parser.add_argument("--trivial", choices=["on", "off"], default="on",
                         help="also run the trivial CONTINUE-only processor (extproc.bench.trivial) behind the "
                              "same Envoy configuration: the floor that grpc.aio and the event loop cost")
+    parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
+                        help="also run the first store (and the trivial processor) with these environment variables "
+                             "(e.g. GRPC_POLL_STRATEGY=poll), as extra variants in the same run (repeat for more)")
     add_body_modes(parser)
-
-
-def _listener(name: str, port: int, routes: list[dict[str, Any]], filters: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "name": name,
-        "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-        "filter_chains": [{"filters": [{
-            "name": "envoy.filters.network.http_connection_manager",
-            "typed_config": {
-                "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3."
-                         "HttpConnectionManager",
-                "stat_prefix": name,
-                "route_config": {"virtual_hosts": [{"name": name, "domains": ["*"], "routes": routes}]},
-                "http_filters": filters,
-            },
-        }]}],
-    }
-
-
-def bench_bootstrap(policy: Policy, direct_port: int, bare_port: int) -> dict[str, Any]:
-    bootstrap = render_static(policy)
-    router = [{"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}]
-    backend = [{"match": {"prefix": "/"}, "direct_response": {"status": 200, "body": {"inline_string": _BACKEND_BODY}},
-                "response_headers_to_add": [{"header": {"key": "content-type", "value": "application/json"}}]}]
-    bare = [{"match": {"prefix": "/"}, "route": {"cluster": pool_cluster(policy)}}]
-    bootstrap["static_resources"]["listeners"] += [
-        _listener("backend", direct_port, backend, router),
-        _listener("bare", bare_port, bare, router),
-    ]
-    return bootstrap
-
-
-_PROSE = ("The Q3 2025 report covers revenue (up 12.5% to 4.2 million), churn and the roadmap for releases "
-          "7.1 and 7.2 due 2025-11-30; questions go to finance.team@example.com before Friday. ")
-
-
-def _request_spec(prompt_chars: int) -> Callable[[int], RequestSpec]:
-    text = (_PROSE * (prompt_chars // len(_PROSE) + 1))[:prompt_chars] if prompt_chars > 0 else "Say ok."
-    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1}).encode()
-    spec = RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body)
-    return lambda _: spec
 
 
 def _guard_choice(value: str) -> str:
@@ -169,7 +127,7 @@ def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, dire
     if args.guard != "none" and store != "trivial":
         policy_doc["guard"] = {"rules": _guard_rules(args.guard)}
     if tracing is not None:
-        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing,
+        policy_doc["tracing"] = {"enabled": True, "sample_ratio": tracing, "envoy": not name.endswith("ours-only"),
                                  "otlp_endpoint": f"127.0.0.1:{args.otlp_port}"}
     picker_policy(policy_doc, body_mode)
     path = workdir / f"policy-{name}.yaml"
@@ -188,8 +146,8 @@ class Target:
     admin: str | None = None
 
 
-Variant = tuple[str, str, int, float | None, str]  # name, store, workers, tracing ratio (None: off), body mode
-TRACED = "+tracing"
+# name, store, workers, tracing ratio (None: off), body mode, environment of the service
+Variant = tuple[str, str, int, float | None, str, tuple[tuple[str, str], ...]]
 
 
 def _variants(args: argparse.Namespace) -> list[Variant] | str:
@@ -208,36 +166,51 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
     if isinstance(modes := parse_modes(args.body_modes, len(stores), len(workers)), str):
         return modes  # else endpoint-picker mode: one variant per request body mode (or none)
     single = len(stores) == 1 and len(workers) == 1 and not modes
-    variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode) for mode in modes] or [
-        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "") for store in stores]
-    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "") for n in workers[1:]]
-    if args.tracing is not None:
-        variants.append((variants[0][0] + TRACED, stores[0], workers[0], args.tracing, variants[0][4]))
+    variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode, ()) for mode in modes] or [
+        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "", ())
+        for store in stores]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "", ()) for n in workers[1:]]
+    if args.tracing is not None:  # compared with a tracing-off twin in the same position (see extproc/bench/paired.py)
+        variants += [(variants[0][0] + suffix, stores[0], workers[0], None if suffix == TWIN else args.tracing,
+                      variants[0][4], ()) for suffix in (TWIN, *TRACED_SUFFIXES[args.tracing_envoy])]
+    envs = [tuple((k, v) for k, _, v in (item.partition("=") for item in spec.split(","))) for spec in args.service_env]
+    if any(not k or not v for env in envs for k, v in env):
+        return f"--service-env takes NAME=VALUE[,NAME=VALUE]; got {args.service_env!r}"
+    first = variants[0]
+    variants += [(f"{first[0]}{{{_env_label(env)}}}", *first[1:5], env) for env in envs]
     if args.trivial == "on":
-        variants.append(("trivial", "trivial", 1, None, ""))
+        variants += [("trivial", "trivial", 1, None, "", ()),
+                     *((f"trivial{{{_env_label(env)}}}", "trivial", 1, None, "", env) for env in envs)]
     return variants
+
+
+def _env_label(env: tuple[tuple[str, str], ...]) -> str:
+    return ",".join(f"{k}={v}" for k, v in env)
 
 
 async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: Variant,
                  first: bool, ports: tuple[int, int, int]) -> Target:
-    name, store, workers, tracing, body_mode = variant
+    name, store, workers, tracing, body_mode, env = variant
     direct_port, bare_port, redis_port = ports
-    policy_path = _policy(workdir, name.replace("[", "-").replace("]", "").replace("+", "-"), store, args,
+    if not first:  # each variant's Envoy serves its own backend: no variant pays a hop to another Envoy
+        (direct_port,) = free_ports(1)
+    label = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
+    policy_path = _policy(workdir, label, store, args,
                           direct_port, redis_port, workers, tracing, body_mode)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
-    bootstrap = bench_bootstrap(policy, direct_port, bare_port) if first else render_static(policy)
+    bootstrap = bench_bootstrap(policy, direct_port, bare_port if first else None)
     envoy_config.write_text(yaml.safe_dump(bootstrap, sort_keys=False))
-    label = policy_path.stem.removeprefix("policy-")
     admin: str | None = None
     if store == "trivial":
         service = await group.start(label, [PYTHON, "-m", "extproc.bench.trivial", "--port",
                                             str(policy.service.grpc_port), "--set", "x-gateway-pool=bench", "--set",
-                                            f"x-gateway-destination-endpoint=127.0.0.1:{direct_port}"])
+                                            f"x-gateway-destination-endpoint=127.0.0.1:{direct_port}"],
+                                    env=dict(env))
         await wait_port("127.0.0.1", policy.service.grpc_port, 30, child=service)
     else:
         service = await group.start(label, [PYTHON, "-m", "extproc", "--log-level", "WARNING", "serve",
-                                            "--config", str(policy_path)])
+                                            "--config", str(policy_path)], env=dict(env))
         admin = f"http://127.0.0.1:{policy.service.admin_port}"
         await wait_http_ok(f"{admin}/readyz", 30, child=service)
     envoy = await group.start(f"envoy-{label}", [find_envoy(), "-c", str(envoy_config), "--log-level", "warn",
@@ -271,21 +244,18 @@ async def run_overhead(args: argparse.Namespace) -> int:
     stores = {variant[1] for variant in variants}
     direct_port, bare_port, redis_port = free_ports(3)
     ports = (direct_port, bare_port, redis_port)
-    _spec = _request_spec(args.prompt_chars)
+    _spec = request_spec(args.prompt_chars)
     report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
                               "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
-    sink = None
-    if args.tracing is not None:
-        from extproc.bench.otlp_sink import OtlpSink
-
-        sink = OtlpSink()
-        args.otlp_port = await sink.start()
+    spans_file: Path | None = None
     async with ProcessGroup(workdir / "logs") as group:
         if "redis" in stores:
             await start_redis(group, ports[2], args.redis_server)
-        # One service + Envoy per variant; the first Envoy also serves the backend and the bare listener.
+        if args.tracing is not None:  # a collector of our own, in its own process
+            args.otlp_port, spans_file = await start_sink(group, workdir)
+        # One service + Envoy (with its own backend) per variant; the first Envoy also serves the bare listener.
         targets = [await _start(group, workdir, args, variant, index == 0, ports)
                    for index, variant in enumerate(variants)]
         targets.append(Target("envoy_only", ports[1]))
@@ -295,6 +265,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         for target in targets:
             await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate, duration_s=2.0, arrival="fixed")
         samples: dict[str, list[Sample]] = {target.name: [] for target in targets}
+        rounds_p50: dict[str, list[float | None]] = {target.name: [] for target in targets}
         cpu: dict[str, float] = {target.name: 0.0 for target in targets if target.pid is not None}
         phases: dict[str, dict[str, float]] = {}
         round_s = args.duration / args.rounds
@@ -305,8 +276,10 @@ async def run_overhead(args: argparse.Namespace) -> int:
                       file=sys.stderr)
                 started = tree_cpu_seconds(target.pid) if target.pid is not None else 0.0
                 before = await _phases(target.admin) if target.admin else {}
-                samples[target.name] += await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
-                                                            duration_s=round_s, arrival="fixed", seed=index)
+                ran = await run_open_loop("127.0.0.1", target.port, _spec, rate=args.rate,
+                                          duration_s=round_s, arrival="fixed", seed=index)
+                samples[target.name] += ran
+                rounds_p50[target.name].append(round_p50(ran))
                 if target.pid is not None:
                     cpu[target.name] += tree_cpu_seconds(target.pid) - started
                 if target.admin:
@@ -326,6 +299,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
         added = {name: {q: round(fixed[name]["e2e_ms"][q] - without_ms[q], 3) for q in ("p50", "p95", "p99")
                         if fixed[name]["e2e_ms"][q] is not None and without_ms[q] is not None} for name in cpu}
         report["fixed_rate"] = fixed
+        report["p50_ms_per_round"] = rounds_p50
         report["added_ms"] = added
         maximum: dict[str, Any] = {}
         envoy_pids = {target.name: pid for target, pid in zip(targets, _envoy_pids(group, targets), strict=True)}
@@ -375,15 +349,9 @@ async def run_overhead(args: argparse.Namespace) -> int:
         report["redis_minus_memory_ms"] = difference
         print(f"Redis store over the memory store, same run: p50 {difference['p50']} ms, p99 {difference['p99']} ms")
     over_buffered(added, report)
-    traced = variants[0][0] + TRACED
-    if traced in added and variants[0][0] in added:
-        report["tracing_minus_off_ms"] = {q: round(added[traced][q] - added[variants[0][0]][q], 3)
-                                          for q in ("p50", "p99")}
-        report["spans_exported"] = sink.spans if sink is not None else 0
-        print(f"tracing at ratio {args.tracing} over tracing off, same run: p50 {report['tracing_minus_off_ms']['p50']}"
-              f" ms, p99 {report['tracing_minus_off_ms']['p99']} ms ({report['spans_exported']} spans exported)")
-    if sink is not None:
-        await sink.stop()
+    if args.tracing is not None:
+        tracing_report(report, added, rounds_p50, variants[0][0], spans_received(spans_file) if spans_file else 0,
+                       args.tracing)
     if "admissions" in report:
         print(f"admissions through Redis: {report['admissions']}, decided locally (deadline missed): "
               f"{report['degraded_admits']}")

@@ -42,7 +42,7 @@ from extproc.bench.routing_metrics import (
 )
 from extproc.bench.routing_options import split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
-from extproc.bench.routing_report import TABLE, aggregate, latency_by, write_reports
+from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import summarize
 from extproc.config import parse_policy
@@ -191,8 +191,18 @@ def _point_line(row: dict[str, Any]) -> str:
         flag += (f" peer {check['policy']}: {check['decisions']} decisions for {check['served']} served, "
                  f"fallbacks {check['fallbacks'] or 0}{'' if check['ok'] else ' POLICY NOT IN EFFECT'}")
     return (f"{where}: ok={row['ok']} err={row['errors']} ttft p50/p90/p99={row['ttft_p50_ms']}/"
-            f"{row['ttft_p90_ms']}/{row['ttft_p99_ms']} ms hit={row['hit_rate']} cv={row['spread_cv']} "
+            f"{row['ttft_p90_ms']}/{row['ttft_p99_ms']} ms hit={row['hit_rate']} {row.get('hit_by_workload') or ''} "
+            f"cv={row['spread_cv']} "
             f"cores={row['cores']}{flag}")
+
+
+def _command(args: argparse.Namespace) -> str | None:
+    """The command line: the suite's (it sets one), else this process's (the CLI's `command` is only the
+    subcommand's name)."""
+    given = getattr(args, "command", None)
+    if isinstance(given, str) and given.startswith("extproc "):
+        return given
+    return "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None
 
 
 def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
@@ -205,8 +215,7 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "wall_s": wall, "saturation_limit_cores": SATURATED_CORES,
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
-        "command": getattr(args, "command", None) or (
-            "extproc bench routing " + " ".join(sys.argv[3:]) if sys.argv[1:3] == ["bench", "routing"] else None),
+        "command": _command(args),
     }
 
 
@@ -240,7 +249,8 @@ async def run_routing(args: argparse.Namespace) -> int:
                 print(_point_line(row), file=sys.stderr)
     wall = round(time.perf_counter() - started, 1)
     good = [r for r in rows if "failed" not in r]
-    print(format_table(aggregate(good), TABLE))
+    merged = aggregate(good)
+    print(format_table(merged, table_for(merged)))
     paths = write_reports(plan.out, rows, _meta(plan, args, wall))
     saturated = sorted({f"{r['strategy']}@{r['qps']:g}/s{r['seed']}:{n}" for r in good for n in r["saturated"]})
     if saturated:

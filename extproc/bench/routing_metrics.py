@@ -183,6 +183,24 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value * 1000.0, 1)
 
 
+def hit_by_label(samples: Sequence[Sample], label: str) -> dict[str, float | None]:
+    """Prefix-cache hit rate (tokens) per value of `label`, from each answered request's own usage (cached /
+    prompt tokens): the fleet's counters cannot tell workloads that share it apart. With exactly the values
+    `agents` and `chat`, also `agents_minus_chat`. Empty when no request carries the label and usage."""
+    hits: dict[str, list[int]] = {}
+    for s in samples:
+        value = s.labels.get(label)
+        if value is None or s.error is not None or s.prompt_tokens is None or s.cached_tokens is None:
+            continue
+        totals = hits.setdefault(value, [0, 0])
+        totals[0] += s.cached_tokens
+        totals[1] += s.prompt_tokens
+    rates: dict[str, float | None] = {k: round(c / p, 4) if p else None for k, (c, p) in sorted(hits.items())}
+    if set(rates) == {"agents", "chat"} and rates["agents"] is not None and rates["chat"] is not None:
+        rates["agents_minus_chat"] = round(rates["agents"] - rates["chat"], 4)
+    return rates
+
+
 def point_row(
     strategy: str, qps: float, samples: Sequence[Sample], summary: Summary, cache: Mapping[str, Any],
     pool_counts: Mapping[str, Mapping[str, int]], cores: Mapping[str, float],
@@ -202,7 +220,7 @@ def point_row(
         "tpot_p50_ms": summary["tpot_ms"]["p50"], "e2e_p50_ms": summary["e2e_ms"]["p50"],
         "e2e_p99_ms": summary["e2e_ms"]["p99"], "output_tokens_per_s": summary["output_tokens_per_s"],
         "achieved_rps": summary["achieved_rps"], "late": summary["late"],
-        "hit_rate": cache.get("hit_rate"), "cache": dict(cache),
+        "hit_rate": cache.get("hit_rate"), "cache": dict(cache), "hit_by_workload": hit_by_label(samples, "workload"),
         "endpoint_requests": {pool: dict(counts) for pool, counts in pool_counts.items()},
         "spread": spreads, "spread_max_min": worst_ratio, "spread_cv": max(cvs) if cvs else None,
         "cores": dict(cores), "max_cores": max(cores.values()) if cores else None, "saturated": saturated(cores),

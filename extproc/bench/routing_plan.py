@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from extproc.bench.agents import agents_workload
+from extproc.bench.agents import agents_and_chats_workload, agents_workload
 from extproc.bench.overload import DEFAULT_LOADS as OVERLOAD_LOADS
 from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
 from extproc.bench.peers import PEERS
@@ -40,10 +40,10 @@ __all__ = ["BASE_PROFILE", "DEFAULT_STRATEGIES", "WORKLOADS", "Layout", "Plan", 
            "make_plan", "sim_profile"]
 
 DEFAULT_STRATEGIES = "envoy-round-robin,envoy-least-request,default"
-WORKLOADS = ("shared-prefix", "multi-turn", "agents", "mixed", "mixed-models", "drift", "overload")
+WORKLOADS = ("shared-prefix", "multi-turn", "agents", "agents+chat", "mixed", "mixed-models", "drift", "overload")
 DEFAULT_LOADS = "0.4,0.8"
 # Workloads whose capacity is not measured (bodies other than chat completions), with their default rates.
-QPS_ONLY = {"agents": "8,24,48"}
+QPS_ONLY = {"agents": "8,24,48", "agents+chat": "8,24,48"}
 CHAT_MODEL = "llama-3.1-8b-instruct"
 CODE_MODEL = "qwen2.5-coder-7b"
 ADAPTERS = ("sql-lora", "summarize-lora", "support-lora")
@@ -76,6 +76,9 @@ def layout_for(name: str, endpoints: int, shape: PrefixShape | None = None) -> L
                                                                                                     seed=seed))
     if name == "agents":
         return Layout((SimPool("chat", CHAT_MODEL, endpoints),), lambda seed, _: agents_workload(CHAT_MODEL, seed=seed))
+    if name == "agents+chat":
+        return Layout((SimPool("chat", CHAT_MODEL, endpoints),),
+                      lambda seed, _: agents_and_chats_workload(CHAT_MODEL, seed=seed))
     if name == "mixed":
         one = (MixedPool("chat", CHAT_MODEL, 1.0, documents=MIXED_DOCUMENTS),)
         return Layout((SimPool("chat", CHAT_MODEL, endpoints),), lambda seed, _: mixed_workload(one, seed=seed))
@@ -104,10 +107,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "run; multi-turn: conversations of 5-10 rounds whose history grows, 8 users per each of "
                              "12 system prompts; agents: the same as coding-agent sessions over Anthropic "
                              "Messages (Claude Code) and Responses (Agents SDK): tools, tool calls and results, "
-                             "screenshots; mixed: one pool, long prompts after 48 shared documents, long one-off "
-                             "prompts and short ones; mixed-models: the same over two models with LoRA adapters on "
-                             "one (no peers); overload: three priority classes and unequal tenants offered multiples "
-                             "of the fleet's capacity (see --loads) (default %(default)s)")
+                             "screenshots; agents+chat: multi-turn and agents at once on one fleet, hit rate per "
+                             "workload (from each response's cached tokens); mixed: one pool, long prompts after 48 "
+                             "shared documents, long one-off prompts and short ones; mixed-models: the same over two "
+                             "models with LoRA adapters on one (no peers); overload: three priority classes and "
+                             "unequal tenants offered multiples of the fleet's capacity (see --loads) "
+                             "(default %(default)s)")
     parser.add_argument("--strategies", default=None,
                         help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "

@@ -12,13 +12,18 @@ from extproc.bench.loadgen import Sample
 from extproc.bench.report import Column, format_markdown_table, plot_lines, write_json
 from extproc.bench.stats import percentiles
 
-__all__ = ["TABLE", "aggregate", "latency_by", "markdown", "plot_ttft", "series", "write_reports"]
+__all__ = ["TABLE", "aggregate", "latency_by", "markdown", "plot_ttft", "series", "table_for", "write_reports"]
 
 # The median over seeds of these; "_range" keys hold "min-max" when there are several seeds.
 _MEDIANS = ("ok", "hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
             "e2e_p50_ms", "output_tokens_per_s", "goodput_rps", "spread_cv", "engine_ttft_ms.p50",
-            "engine_ttft_ms.p90", "engine_ttft_ms.p99")
-_RANGES = ("hit_rate", "ttft_p90_ms", "ttft_p99_ms")
+            "engine_ttft_ms.p90", "engine_ttft_ms.p99", "hit_by_workload.agents", "hit_by_workload.chat",
+            "hit_by_workload.agents_minus_chat")
+_RANGES = ("hit_rate", "ttft_p90_ms", "ttft_p99_ms", "hit_by_workload.agents_minus_chat")
+# agents+chat: hit rate per workload, from each response's own cached tokens (shown when a run has them).
+_BY_WORKLOAD: list[Column] = [("hit_by_workload.chat", "hit chat"), ("hit_by_workload.agents", "hit agents"),
+                              ("hit_by_workload.agents_minus_chat", "agents-chat"),
+                              ("hit_by_workload.agents_minus_chat_range", "a-c range")]
 _SUMS = ("errors", "flow.queued", "flow.waited_over_1s", "flow.rejected")
 
 TABLE: list[Column] = [
@@ -44,6 +49,11 @@ def latency_by(samples: Sequence[Sample], label: str) -> dict[str, dict[str, Any
         p = percentiles(ttfts, (50, 90, 99))
         out[value] = {"n": len(ttfts), **{f"ttft_{k}_ms": None if v is None else round(v, 1) for k, v in p.items()}}
     return out
+
+
+def table_for(rows: Sequence[Mapping[str, Any]]) -> list[Column]:
+    """TABLE, plus the per-workload hit rates when some row has them."""
+    return TABLE + _BY_WORKLOAD if any(_get(r, "hit_by_workload.chat") is not None for r in rows) else TABLE
 
 
 def _get(row: Mapping[str, Any], key: str) -> Any:
@@ -76,7 +86,8 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             values = [v for v in (_get(m, key) for m in members) if v is not None]
             _put(merged, key, round(statistics.median(values), 4) if values else None)
             if key in _RANGES and len(values) > 1:
-                merged[f"{key}_range"] = f"{min(values):g}-{max(values):g}"
+                _put(merged, f"{key}_range", f"{min(values):g}..{max(values):g}" if "." in key else
+                     f"{min(values):g}-{max(values):g}")
         for key in _SUMS:
             values = [v for v in (_get(m, key) for m in members) if v is not None]
             if values:
@@ -159,7 +170,7 @@ def markdown(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
     for load in dict.fromkeys(r.get("load") or r["qps"] for r in merged):
         at = [r for r in merged if (r.get("load") or r["qps"]) == load]
         parts.append(f"### Load {load:g}" + (f" ({at[0]['qps']:g} req/s)" if at[0].get("load") else "") + "\n")
-        parts.append(format_markdown_table(at, TABLE))
+        parts.append(format_markdown_table(at, table_for(at)))
     parts.append("\nCPU per process (cores, median over seeds):\n\n" + _cpu_table(merged))
     first = [r for r in good if r.get("seed") == seeds[0]]
     parts.append(_breakdown(first, "by_phase", "TTFT by drift phase, first seed"))

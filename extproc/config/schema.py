@@ -216,6 +216,8 @@ class PoolConfig(Strict):
                               description="prompt tokens one image part is estimated to cost on this pool's model")
     audio_tokens: int = Field(default=750, ge=0, le=100_000,
                               description="prompt tokens one audio part is estimated to cost on this pool's model")
+    video_tokens: int = Field(default=4096, ge=0, le=1_000_000,
+                              description="prompt tokens one video part is estimated to cost on this pool's model")
     cold_start_timeout_s: float = Field(default=0.0, ge=0, le=3600,
                                         description="the pool may have no ready endpoint (scaled to zero): its "
                                                     "requests wait up to this long for the first one (0 = 503 at once)")

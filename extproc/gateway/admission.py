@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from extproc.config.schema import LimitsConfig, TierConfig, TierLimits
@@ -21,6 +22,7 @@ from extproc.limits.types import (
     Reservation,
     TokenBudget,
 )
+from extproc.openai.apis import SHAPES
 from extproc.openai.errors import ApiError
 from extproc.telemetry import GatewayMetrics
 from extproc.tenants import Tenant
@@ -90,8 +92,8 @@ def _duration(seconds: float) -> str:
     return f"{minutes}m{secs}s" if minutes else f"{secs}s"
 
 
-def ratelimit_headers(states: Iterable[LimitState]) -> tuple[tuple[str, str], ...]:
-    """x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the tightest state of each kind."""
+def _tightest(states: Iterable[LimitState]) -> dict[str, LimitState]:
+    """The state of least remaining per kind (requests, tokens); concurrency is not a header's."""
     tightest: dict[str, LimitState] = {}
     for state in states:
         kind = "requests" if state.name in ("requests", "concurrency") else "tokens"
@@ -100,6 +102,15 @@ def ratelimit_headers(states: Iterable[LimitState]) -> tuple[tuple[str, str], ..
         current = tightest.get(kind)
         if current is None or state.remaining < current.remaining:
             tightest[kind] = state
+    return tightest
+
+
+def ratelimit_headers(states: Iterable[LimitState], anthropic_at: float | None = None) -> tuple[tuple[str, str], ...]:
+    """x-ratelimit-{limit,remaining,reset}-{requests,tokens}: the tightest state of each kind; with
+    `anthropic_at` (the decision's wall-clock time: the Messages API) Anthropic's names too,
+    anthropic-ratelimit-{requests,tokens}-{limit,remaining,reset}, whose reset is an RFC 3339 instant. Our token
+    limits count input and output together, so Anthropic's input-tokens / output-tokens families are not sent."""
+    tightest = _tightest(states)
     headers: list[tuple[str, str]] = []
     for kind, state in sorted(tightest.items()):
         headers += [
@@ -107,6 +118,14 @@ def ratelimit_headers(states: Iterable[LimitState]) -> tuple[tuple[str, str], ..
             (f"x-ratelimit-remaining-{kind}", str(max(0, int(state.remaining)))),
             (f"x-ratelimit-reset-{kind}", _duration(state.reset_s)),
         ]
+    if anthropic_at is not None:
+        for kind, state in sorted(tightest.items()):
+            reset = datetime.fromtimestamp(anthropic_at + math.ceil(max(0.0, state.reset_s)), UTC)
+            headers += [
+                (f"anthropic-ratelimit-{kind}-limit", str(int(state.limit))),
+                (f"anthropic-ratelimit-{kind}-remaining", str(max(0, int(state.remaining)))),
+                (f"anthropic-ratelimit-{kind}-reset", reset.strftime("%Y-%m-%dT%H:%M:%SZ")),
+            ]
     return tuple(headers)
 
 
@@ -115,7 +134,8 @@ def refused_dimension(refused_by: str | None) -> str:
     return (refused_by or "unknown").split(":", 1)[0]
 
 
-def rate_limited(refused_by: str | None, retry_after_s: float, states: Iterable[LimitState]) -> ApiError:
+def rate_limited(refused_by: str | None, retry_after_s: float, states: Iterable[LimitState],
+                 anthropic_at: float | None = None) -> ApiError:
     seconds = max(1, math.ceil(retry_after_s)) if math.isfinite(retry_after_s) else 60
     dimension = refused_dimension(refused_by)
     what = {"requests": "requests per second", "concurrency": "concurrent requests",
@@ -128,7 +148,7 @@ def rate_limited(refused_by: str | None, retry_after_s: float, states: Iterable[
                         "limits_unavailable", headers=(("retry-after", str(seconds)),))
     return ApiError(
         429, f"Rate limit reached for {what}; retry after {seconds}s", "rate_limit_exceeded", "rate_limit_exceeded",
-        headers=(("retry-after", str(seconds)), *ratelimit_headers(states)),
+        headers=(("retry-after", str(seconds)), *ratelimit_headers(states, anthropic_at)),
     )
 
 
@@ -153,6 +173,7 @@ class Admit:
         if not result.admitted:
             self._metrics.rate_limited.labels(refused_dimension(result.refused_by)).inc()
             self._tenants.store_refused(caller.tenant, result.refused_by, result.retry_after_s, self._clock())
-            raise rate_limited(result.refused_by, result.retry_after_s, result.states)
+            anthropic_at = request.now if SHAPES[caller.api].anthropic_errors else None
+            raise rate_limited(result.refused_by, result.retry_after_s, result.states, anthropic_at)
         holds = self._tenants.admitted(caller.tenant, request.concurrency)
         return Admitted(Reservation.of(request), result.states, holds)

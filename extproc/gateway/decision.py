@@ -28,6 +28,7 @@ from extproc.gateway.types import Decision, RequestHead, Respond
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation
 from extproc.openai import ApiError, api_for_path
 from extproc.openai import errors as oai
+from extproc.openai.apis import SHAPES
 from extproc.scheduling import Explanation
 from extproc.telemetry import GatewayMetrics
 from extproc.tenants import ANONYMOUS, Tenant
@@ -98,7 +99,8 @@ class Gateway:
                 assert outcome is None or isinstance(outcome, Rejected)
                 stages.gate.granted(caller, resolved, outcome)
             try:
-                exchange.routed = routed = stages.schedule(caller, resolved, exchange.admitted)
+                exchange.routed = routed = stages.schedule(caller, resolved, exchange.admitted,
+                                                           record=exchange.scores)
             finally:
                 if ticket is not None:
                     stages.gate.flow.routed(ticket)
@@ -128,13 +130,17 @@ class Gateway:
 
     def response_headers(self, exchange: Exchange, status: int,
                          served: str | None = None) -> tuple[tuple[str, str], ...]:
-        """Record the status; returns headers to add to the response (x-ratelimit-*). `served`: the endpoint
-        the data plane reports it sent the request to (endpoint-picker mode, when no access log reports it)."""
+        """Record the status; returns headers to add to the response (x-ratelimit-*; anthropic-ratelimit-* too on
+        the Messages API). `served`: the endpoint the data plane reports it sent the request to (endpoint-picker
+        mode, when no access log reports it)."""
         exchange.status = status
         if served is not None:
             self._served(exchange, status, served)
-        admitted = exchange.admitted
-        return ratelimit_headers(admitted.states) if admitted is not None and admitted.states else ()
+        admitted, caller = exchange.admitted, exchange.caller
+        if admitted is None or not admitted.states or caller is None:
+            return ()
+        anthropic = SHAPES[caller.api].anthropic_errors  # the Messages API: Anthropic's header names too
+        return ratelimit_headers(admitted.states, admitted.reservation.admitted_at if anthropic else None)
 
     def _served(self, exchange: Exchange, status: int, served: str) -> None:
         """Passive health and in-flight accounting from the response: a retry to a fallback moves the request's

@@ -10,6 +10,7 @@ computed from them here.
 from __future__ import annotations
 
 import itertools
+import json
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from extproc.gateway.usage import encode_reservation
 from extproc.limits.types import LimitState, Reservation
 from extproc.openai import Api, ApiError, InferenceRequest
 from extproc.openai.apis import SHAPES
+from extproc.scheduling import Explanation
 from extproc.tenants import ANONYMOUS, Tenant
 
 __all__ = ["JSON_HEADERS", "Admitted", "Caller", "Exchange", "RequestIds", "Resolved", "Routed", "error_response",
@@ -112,6 +114,7 @@ class Exchange:
     outcome: str = "incomplete"
     status: int | None = None
     finished: bool = False
+    scores: Explanation | None = None  # set only for a traced (sampled) exchange: scheduling records its scores
 
     @property
     def runtime(self) -> Runtime | None:
@@ -183,5 +186,26 @@ def trace_attributes(exchange: Exchange, now: float) -> dict[str, Any]:
                            "extproc.fallbacks": ",".join(routed.route.endpoints[1:]),
                            # From the request headers to the pick: parsing, limits and any admission queue wait.
                            "extproc.decision_ms": round((routed.at - exchange.started) * 1000, 3)})
+        if exchange.scores is not None:
+            attributes.update(score_attributes(exchange.scores, routed.route.endpoints[0]))
     attributes["extproc.exchange_ms"] = round((now - exchange.started) * 1000, 3)
+    return attributes
+
+
+SCORED_ENDPOINTS_MAX = 8  # endpoints in `extproc.scores`, best totals first
+
+
+def score_attributes(scores: Explanation, picked: str) -> dict[str, Any]:
+    """The picked endpoint's score from each scorer (`extproc.score.<scorer>`) and in total, how many endpoints
+    were scored or filtered out, and the best-scored endpoints' scores as JSON (bounded), as /debug/explain
+    shows them."""
+    attributes: dict[str, Any] = {f"extproc.score.{name}": round(value, 4)
+                                  for name, value in scores.scores.get(picked, {}).items()}
+    best = sorted(scores.totals.items(), key=lambda item: -item[1])[:SCORED_ENDPOINTS_MAX]
+    attributes.update({
+        "extproc.score_total": round(scores.totals[picked], 4) if picked in scores.totals else None,
+        "extproc.scored_endpoints": len(scores.totals), "extproc.filtered_out": len(scores.filtered_out),
+        "extproc.scores": json.dumps({address: {"total": round(total, 4), **{
+            name: round(value, 4) for name, value in scores.scores.get(address, {}).items()}}
+            for address, total in best}, separators=(",", ":"))})
     return attributes

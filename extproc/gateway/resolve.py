@@ -13,7 +13,7 @@ from collections.abc import Callable
 from extproc.config import PoolConfig
 from extproc.gateway.calibration import PromptCalibration
 from extproc.gateway.records import Caller, Resolved
-from extproc.openai import cap_output_tokens, decode_json, parse_document, requested_model
+from extproc.openai import Api, cap_output_tokens, decode_json, parse_document, request_user, requested_model
 from extproc.openai import errors as oai
 from extproc.openai.apis import SHAPES
 from extproc.openai.tokens import estimate_chars
@@ -24,6 +24,8 @@ from extproc.telemetry import GatewayMetrics
 from extproc.tenants import ANONYMOUS
 
 __all__ = ["Resolve"]
+
+_TOKENIZER = frozenset({Api.TOKENIZE, Api.DETOKENIZE})
 
 
 class Resolve:
@@ -38,8 +40,11 @@ class Resolve:
         """Raises ApiError for a request that cannot be served. `counting` False (explain): no guard counters."""
         runtime = caller.runtime
         document = decode_json(body, max_bytes=runtime.body_limits.max_bytes)
-        user = document.get("user")
-        pool = self._pool_for(caller, requested_model(document), user if isinstance(user, str) else None)
+        if caller.api in _TOKENIZER and "model" not in document and len(runtime.pools) == 1:
+            # vLLM's tokenizer takes no model: with one pool there is only one tokenizer to mean (the body
+            # reaches the engine as sent); with several, which one is ambiguous and `model` stays required.
+            document["model"] = next(iter(runtime.pools.values())).config.model
+        pool = self._pool_for(caller, requested_model(document), request_user(caller.api, document))
         request = parse_document(caller.api, document, runtime.body_limits)
         self._within_budget(caller, cpu_started)
         changed = False
@@ -57,8 +62,9 @@ class Resolve:
         if capped is not None:
             request, changed = capped, True
         estimate = estimate_chars(len(request.prompt_text) + request.extra_prompt_chars)
-        if request.images or request.audios:  # media are not text: a per-part figure of the pool's model
-            estimate += request.images * pool.image_tokens + request.audios * pool.audio_tokens
+        if request.images or request.audios or request.videos:  # media are not text: per-part figures
+            estimate += (request.images * pool.image_tokens + request.audios * pool.audio_tokens
+                         + request.videos * pool.video_tokens)
         prompt = reserved = estimate
         if limits.calibrate_prompt_tokens:  # the fit for scheduling; its upper bound for reservations
             prompt = self.calibration.tokens(pool.name, estimate)

@@ -96,9 +96,10 @@ class Schedule:
         )
 
     def __call__(self, caller: Caller, resolved: Resolved, admitted: Admitted | None,
-                 explain: Explanation | None = None) -> Routed:
+                 explain: Explanation | None = None, record: Explanation | None = None) -> Routed:
         """Pick and commit (leases, breaker probes, what plugins learn); raises 503 `no_capacity`. With `explain`
-        the decision is only described: no lease, no learning, no counters."""
+        the decision is only described: no lease, no learning, no counters. `record` (a traced exchange's) gets
+        the scores of a decision that is committed as usual."""
         runtime = caller.runtime
         now = self._clock()
         pool = runtime.pools[resolved.pool.name]
@@ -120,7 +121,7 @@ class Schedule:
         fallbacks = 0 if picker and runtime.policy.endpoint_picker.single_endpoint else config.fallbacks
         timer = self._time if sequence % TIMED_EVERY == 0 else None
         picked = runtime.scheduler.schedule(config.profile, scheduling, candidates, 1 + fallbacks, timer,
-                                            explain) if candidates else []
+                                            explain if explain is not None else record) if candidates else []
         if not picked:
             raise oai.no_capacity(config.name)
         request = resolved.request
@@ -131,7 +132,8 @@ class Schedule:
                 home = pinned_endpoint(request.previous_response_id, config.name, self.usable(pool, now))
                 if home is not None:
                     picked = [home, *(e for e in picked if e is not home)][:1 + config.fallbacks]
-            fields = {"request_id": new_response_id(config.name, picked[0].address)}
+            fields = {"request_id": new_response_id(config.name, picked[0].address,
+                                                    picked[1].address if len(picked) > 1 else None)}
         rewrite = request.model != config.model and request.model not in config.lora_adapters
         # Usage of streamed responses only comes with include_usage; Envoy copies it into metadata (to settle a
         # reservation, and for the audit log).

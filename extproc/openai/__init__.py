@@ -10,10 +10,11 @@ from extproc.openai.spec import (
     decode_json,
     parse_document,
     parse_request,
+    request_user,
     requested_model,
     rewrite_body,
 )
 from extproc.openai.tokens import estimate_tokens
 
 __all__ = ["Api", "ApiError", "BodyLimits", "InferenceRequest", "api_for_path", "cap_output_tokens", "decode_json",
-           "estimate_tokens", "parse_document", "parse_request", "requested_model", "rewrite_body"]
+           "estimate_tokens", "parse_document", "parse_request", "request_user", "requested_model", "rewrite_body"]

@@ -19,11 +19,12 @@ import orjson
 from extproc.openai.apis import SHAPES, Api
 from extproc.openai.errors import bad_request
 
-__all__ = ["AUDIO_PARTS", "BILLING_HEADER", "IMAGE_PARTS", "content_text", "media_parts", "turns"]
+__all__ = ["AUDIO_PARTS", "BILLING_HEADER", "IMAGE_PARTS", "VIDEO_PARTS", "content_text", "media_parts", "turns"]
 
 BILLING_HEADER = "x-anthropic-billing-header"
 IMAGE_PARTS = frozenset({"image_url", "image", "input_image", "image_pil", "image_embeds"})
 AUDIO_PARTS = frozenset({"input_audio", "audio_url", "audio"})
+VIDEO_PARTS = frozenset({"video_url", "video", "input_video", "video_embeds"})
 _TEXT_KEYS = ("text", "refusal", "thinking")
 
 Turn = tuple[str, Any]  # (role, content: a string, a part, or a list of parts)
@@ -134,9 +135,9 @@ def turns(api: Api, document: dict[str, Any]) -> list[Turn]:
     return out
 
 
-def media_parts(conversation: list[Turn]) -> tuple[int, int]:
-    """(image parts, audio parts) in the conversation's content, tool results included."""
-    images = audios = 0
+def media_parts(conversation: list[Turn]) -> tuple[int, int, int]:
+    """(image, audio, video parts) in the conversation's content, tool results included."""
+    images = audios = videos = 0
     stack = [content for _, content in conversation if isinstance(content, list)]
     while stack:
         for part in stack.pop():
@@ -147,6 +148,8 @@ def media_parts(conversation: list[Turn]) -> tuple[int, int]:
                 images += 1
             elif kind in AUDIO_PARTS:
                 audios += 1
+            elif kind in VIDEO_PARTS:
+                videos += 1
             elif kind == "tool_result" and isinstance(part.get("content"), list):
                 stack.append(part["content"])
-    return images, audios
+    return images, audios, videos

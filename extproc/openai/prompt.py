@@ -66,10 +66,10 @@ def _joined(conversation: list[tuple[str, Any]]) -> str:
     return "\n".join(f"<|{role}|>{content_text(content)}" for role, content in conversation)
 
 
-def prompt_view(api: Api, document: dict[str, Any]) -> tuple[str, tuple[int, int]]:
-    """`prompt_text`, and the (image, audio) parts of a conversation, from one reading of it."""
+def prompt_view(api: Api, document: dict[str, Any]) -> tuple[str, tuple[int, int, int]]:
+    """`prompt_text`, and the (image, audio, video) parts of a conversation, from one reading of it."""
     if api not in _CONVERSATIONS:
-        return prompt_text(api, document), (0, 0)
+        return prompt_text(api, document), (0, 0, 0)
     if api is Api.CHAT:  # the common case, in one pass (the same reading as `turns`)
         messages = document.get("messages")
         if not isinstance(messages, list) or not messages:
@@ -86,7 +86,7 @@ def prompt_view(api: Api, document: dict[str, Any]) -> tuple[str, tuple[int, int
             else:  # parts (only those can hold media): walked once more for them
                 conversation.append((role, content))
                 pieces.append(f"<|{role}|>{content_text(content)}")
-        return "\n".join(pieces), media_parts(conversation) if conversation else (0, 0)
+        return "\n".join(pieces), media_parts(conversation) if conversation else (0, 0, 0)
     conversation = turns(api, document)
     return _joined(conversation), media_parts(conversation)
 

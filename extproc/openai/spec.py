@@ -21,7 +21,8 @@ from extproc.openai.output import cap_document, output_bound
 from extproc.openai.prompt import extra_prompt_chars, prompt_text, prompt_view
 
 __all__ = ["PATHS", "Api", "ApiError", "BodyLimits", "InferenceRequest", "api_for_path", "cap_output_tokens",
-           "decode_json", "parse_document", "parse_request", "prompt_text", "requested_model", "rewrite_body"]
+           "decode_json", "parse_document", "parse_request", "prompt_text", "request_user", "requested_model",
+           "rewrite_body"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,7 @@ class InferenceRequest:
     extra_prompt_chars: int = 0  # prompt text outside `prompt_text` (tools, documents, names, ...)
     images: int = 0  # image parts of the conversation (each costs the pool's `image_tokens`)
     audios: int = 0  # audio parts (each costs the pool's `audio_tokens`)
+    videos: int = 0  # video parts (each costs the pool's `video_tokens`)
     previous_response_id: str | None = None  # Responses: the stored response this one continues
 
     @property
@@ -75,6 +77,16 @@ def decode_json(body: bytes, *, max_bytes: int) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise bad_request("Request body must be a JSON object", "invalid_json")
     return document
+
+
+def request_user(api: Api, document: dict[str, Any]) -> str | None:
+    """The end user a request names: body `user`, or on Anthropic's APIs `metadata.user_id` (Claude Code sends
+    one per session); session affinity and user-sticky splits key on it."""
+    user = document.get("user")
+    if SHAPES[api].dialect == "anthropic":
+        metadata = document.get("metadata")
+        user = metadata.get("user_id") if isinstance(metadata, dict) else None
+    return user if isinstance(user, str) else None
 
 
 def requested_model(document: dict[str, Any]) -> str:
@@ -125,7 +137,6 @@ def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> In
         raise bad_request(f"{api.value} do not support 'stream'", "invalid_value", "stream")
     options = document.get("stream_options")
     include_usage = shape.usage_in_stream or (isinstance(options, dict) and options.get("include_usage") is True)
-    user = document.get("user")
     previous = document.get("previous_response_id") if api is Api.RESPONSES else None
     if previous is not None and not isinstance(previous, str):
         raise bad_request("'previous_response_id' must be a string", "invalid_value", "previous_response_id")
@@ -134,7 +145,7 @@ def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> In
         raise bad_request("background responses are not supported through this gateway", "invalid_value",
                           "background")
     per_sequence, sequences = output_bound(api, document, limits.max_choices)
-    text, (images, audios) = prompt_view(api, document)
+    text, (images, audios, videos) = prompt_view(api, document)
     return InferenceRequest(
         api=api,
         model=model,
@@ -142,12 +153,13 @@ def parse_document(api: Api, document: dict[str, Any], limits: BodyLimits) -> In
         max_output_tokens=per_sequence if shape.generates else None,
         prompt_text=text,
         include_usage=include_usage,
-        user=user if isinstance(user, str) else None,
+        user=request_user(api, document),
         document=document,
         sequences=sequences,
         extra_prompt_chars=extra_prompt_chars(api, document),
         images=images,
         audios=audios,
+        videos=videos,
         previous_response_id=previous,
     )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -25,6 +25,7 @@ from extproc.gateway import BodyPhase, Decision, Exchange, Gateway, Respond, Rou
 from extproc.gateway.records import trace_attributes
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation, Store
 from extproc.openai import errors as oai
+from extproc.scheduling import Explanation
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
 from extproc.telemetry import GatewayMetrics
@@ -62,10 +63,10 @@ class StreamProcessor:
     (500, a data-plane misconfiguration) rather than sent somewhere unpicked. Response bodies pass untouched."""
 
     __slots__ = ("body", "chunks", "closed", "count", "exchange", "gateway", "hold", "picker", "received",
-                 "request_mode", "response_mode", "span", "stream_traceparent", "tracer", "trailers")
+                 "request_mode", "response_mode", "span", "stream_metadata", "tracer", "trailers")
 
     def __init__(self, gateway: Gateway, tracer: DecisionTracer | None = None,
-                 stream_traceparent: str | None = None) -> None:
+                 stream_metadata: Iterable[tuple[str, str]] | None = None) -> None:
         self.gateway = gateway
         self.exchange: Exchange | None = None
         self.body: BodyPhase | None = None  # the decision in progress, waiting on the store or a ticket
@@ -78,7 +79,7 @@ class StreamProcessor:
         self.trailers = False  # the decision came with the request trailers: they get their reply after it
         self.closed = False  # answered with an immediate response: Envoy sends nothing more that needs a reply
         self.tracer = tracer  # None: tracing off (the only cost is this test)
-        self.stream_traceparent = stream_traceparent  # Envoy's trace context on the ext_proc stream, if any
+        self.stream_metadata = stream_metadata  # the ext_proc stream's gRPC metadata (Envoy's trace context), as is
         self.span: Span | None = None
 
     def _immediate(self, reply: Respond) -> ext_pb.ProcessingResponse:
@@ -137,9 +138,11 @@ class StreamProcessor:
             subset = tuple(hint) if hint is not None else None
         head = protocol.request_head(message.request_headers, subset)
         if self.tracer is not None:
-            self.span = self.tracer.start(head.headers, self.stream_traceparent)
+            self.span = self.tracer.start(head.headers, self.stream_metadata)
         exchange, reply = self.gateway.headers(head)
         self.exchange = exchange
+        if self.span is not None:  # sampled: scheduling records its scores for the span (nothing otherwise)
+            exchange.scores = Explanation()
         if reply is not None:
             return self._immediate(reply)
         if self.hold:
@@ -241,8 +244,7 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         cpu = time.thread_time  # CPU of the loop's thread per phase: our own work, not the awaits in between
         # read()/write() on the context instead of an async generator: one less layer per message.
         tracer = self._tracer
-        stream = StreamProcessor(self._gateway, tracer, None if tracer is None else
-                                 dict(context.invocation_metadata() or ()).get("traceparent"))
+        stream = StreamProcessor(self._gateway, tracer, None if tracer is None else context.invocation_metadata())
         try:
             while True:
                 message = await context.read()

@@ -25,11 +25,18 @@ def _event(kind: str, payload: dict[str, Any]) -> bytes:
     return f"event: {kind}\ndata: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
 
 
+def anthropic_usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    """`input_tokens` is the whole prompt (what the gateway settles); `cache_read_input_tokens` the part the
+    prefix cache served (Anthropic's field; the routing bench's per-API hit rate reads it)."""
+    return {"input_tokens": prompt_tokens, "output_tokens": completion_tokens,
+            "cache_read_input_tokens": cached_tokens}
+
+
 def anthropic_message(message_id: str, model: str, text: str, finish_reason: str, prompt_tokens: int,
-                      completion_tokens: int) -> dict[str, Any]:
+                      completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
     return {"id": message_id, "type": "message", "role": "assistant", "content": [{"type": "text", "text": text}],
             "model": model, "stop_reason": STOP_REASONS.get(finish_reason, "end_turn"),
-            "usage": {"input_tokens": prompt_tokens, "output_tokens": completion_tokens}}
+            "usage": anthropic_usage(prompt_tokens, completion_tokens, cached_tokens)}
 
 
 class MessagesStream:
@@ -51,12 +58,12 @@ class MessagesStream:
         return head + _event("content_block_delta", {"type": "content_block_delta", "index": 0,
                                                       "delta": {"type": "text_delta", "text": text}})
 
-    def end(self, finish_reason: str, completion_tokens: int) -> bytes:
+    def end(self, finish_reason: str, completion_tokens: int, cached_tokens: int = 0) -> bytes:
         return (_event("content_block_stop", {"type": "content_block_stop", "index": 0})
                 + _event("message_delta", {"type": "message_delta",
                                            "delta": {"stop_reason": STOP_REASONS.get(finish_reason, "end_turn")},
-                                           "usage": {"input_tokens": self._prompt_tokens,
-                                                     "output_tokens": completion_tokens}})
+                                           "usage": anthropic_usage(self._prompt_tokens, completion_tokens,
+                                                                    cached_tokens)})
                 + _event("message_stop", {"type": "message_stop"}))
 
 

@@ -91,11 +91,12 @@ class ShapedRoutes:
         prompt_tokens = len(gen.prompt_ids)
         stream = MessagesStream(gen.request_id, planned.model, prompt_tokens)
         done = await self._run(request, planned, b"", stream.text,
-                               lambda: stream.end(gen.finish_reason, len(planned.pieces)))
+                               lambda: stream.end(gen.finish_reason, len(planned.pieces), gen.cached_tokens))
         if planned.limits.stream:
             return done
         return web.json_response(anthropic_message(gen.request_id, planned.model, "".join(planned.pieces),
-                                                   gen.finish_reason, prompt_tokens, len(planned.pieces)),
+                                                   gen.finish_reason, prompt_tokens, len(planned.pieces),
+                                                   gen.cached_tokens),
                                  dumps=compact_json)
 
     async def responses(self, request: web.Request) -> web.StreamResponse:

@@ -17,7 +17,7 @@ import random
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +51,14 @@ def parse_traceparent(value: str | None) -> tuple[int, int, bool] | None:
     if not trace_id or not span_id:
         return None
     return trace_id, span_id, bool(int(match[3], 16) & 1)
+
+
+def _stream_traceparent(metadata: Iterable[tuple[str, str]] | None) -> str | None:
+    """The `traceparent` Envoy's tracer put on the ext_proc stream (gRPC metadata, as grpc.aio hands it)."""
+    for key, value in metadata or ():
+        if key == "traceparent":
+            return value
+    return None
 
 
 @dataclass(slots=True)
@@ -96,9 +104,13 @@ class DecisionTracer:
         self._allowance -= 1
         return True
 
-    def start(self, headers: Mapping[str, str], stream_traceparent: str | None) -> Span | None:
-        """A span for this exchange if it is sampled, else None (nothing else is done for it)."""
-        parent = parse_traceparent(headers.get("traceparent")) or parse_traceparent(stream_traceparent)
+    def start(self, headers: Mapping[str, str], stream_metadata: Iterable[tuple[str, str]] | None) -> Span | None:
+        """A span for this exchange if it is sampled, else None, and then nothing else is done for it: no span
+        object, no attribute, no header; the stream's metadata is searched only when the client sent no valid
+        traceparent, and nothing is allocated but the parsed parent."""
+        parent = parse_traceparent(headers.get("traceparent"))
+        if parent is None:
+            parent = parse_traceparent(_stream_traceparent(stream_metadata))
         sampled = parent[2] if parent is not None else self._rng() < self._ratio
         if not sampled or not self._budget():
             return None

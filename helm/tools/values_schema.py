@@ -123,6 +123,7 @@ def chart_values() -> dict[str, Any]:
             "requestTimeouts": BOOL,
             "earlyHeaderMutation": BOOL,
             "accessLog": BOOL,
+            "tracing": BOOL,
             "patchBufferLimit": BOOL,
             "routing": strict({
                 "poolClusters": {"enum": ["mesh", "dedicated", "none"]},

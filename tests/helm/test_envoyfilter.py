@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from extproc.config import Policy, parse_policy
+from extproc.xds.logs import OTEL_CLUSTER, envoy_tracing, otel_cluster
 from extproc.xds.render import EXTPROC_CLUSTER, access_log, http_filters, render_static, route_config
 from tests.helm.chart import (
     FULLNAME,
@@ -324,3 +325,25 @@ def test_dedicated_extproc_cluster_targets_the_headless_service(chart: Chart) ->
     address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]
     assert address == {"address": f"{FULLNAME}-headless.{NAMESPACE}.svc.cluster.local", "port_value": 9002}
     assert "http2_protocol_options" in str(cluster["typed_extension_protocol_options"])
+
+
+TRACED = {"tracing": {"enabled": True, "otlp_endpoint": "otel-collector.observability.svc.cluster.local:4317",
+                      "sample_ratio": 0.05}}
+
+
+@pytest.mark.parametrize("mode", CONTEXT)
+def test_envoy_tracer_and_its_collector_are_the_rendered_ones(chart: Chart, mode: str) -> None:
+    objects = chart.template({**values("default", mode), "policy": TRACED})
+    policy = parse_policy(policy_text(objects))
+    assert istio_hcm(objects, {})["tracing"] == envoy_tracing(policy)
+    added = [p["patch"]["value"] for p in config_patches(objects, "CLUSTER") if p["patch"]["operation"] == "ADD"]
+    otel = otel_cluster(policy)
+    assert otel is not None
+    del otel["@type"]
+    assert [c for c in added if c["name"] == OTEL_CLUSTER] == [otel]
+    # Off when the policy does not trace, when Envoy's tracer is not wanted, or when the mesh keeps its own.
+    for off in ({**values("default", mode)}, {**values("default", mode), "policy": {"tracing": {
+            **TRACED["tracing"], "envoy": False}}}, {**values("default", mode, tracing=False), "policy": TRACED}):
+        objects = chart.template(off)
+        assert "tracing" not in istio_hcm(objects, {})
+        assert OTEL_CLUSTER not in [p["patch"]["value"].get("name") for p in config_patches(objects, "CLUSTER")]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ from tests.support import eventually, holds_for
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 POOL = SimPool("chat", "org/chat", 2, aliases=("chat",))
-KEYS = {"day": "tenant-day-budget", "small": "tenant-small", "free": "tenant-free"}
+STICKY = SimPool("sticky", "org/sticky", 4, profile="sticky")  # session affinity alone decides
+KEYS = {"day": "tenant-day-budget", "small": "tenant-small", "free": "tenant-free", "minute": "tenant-minute"}
 PATHS = {"messages": "/v1/messages", "responses": "/v1/responses", "rerank": "/v1/rerank", "score": "/v1/score",
          "tokenize": "/tokenize", "detokenize": "/detokenize", "count_tokens": "/v1/messages/count_tokens"}
 DOCUMENTS = ["prefix caching keeps KV blocks", "bananas are yellow", "the scheduler batches requests"]
@@ -34,7 +36,8 @@ def keys_file() -> str:
         return {"name": name, "tier": "default", "limits": limits, "keys": [{"sha256": hash_key(KEYS[name])}]}
 
     return json.dumps({"tenants": [tenant("day", {"tokens_per_day": 1_000_000}),
-                                   tenant("small", {"tokens_per_min": 120}), tenant("free", {})]})
+                                   tenant("small", {"tokens_per_min": 120}), tenant("free", {}),
+                                   tenant("minute", {"tokens_per_min": 1200})]})
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -43,9 +46,13 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
     workdir.joinpath("keys.yaml").write_text(keys_file())
     # Without calibration a reservation is the raw estimate + the output bound: the same for the same body.
     policy = {"auth": {"mode": "api-key", "keys_file": str(workdir / "keys.yaml")},
-              "limits": {"calibrate_prompt_tokens": False}}
+              "limits": {"calibrate_prompt_tokens": False},
+              "scheduling": {"plugins": [{"name": "session", "type": "session-affinity-scorer"},
+                                         {"name": "pick", "type": "max-score-picker"}],
+                             "profiles": [{"name": "sticky", "plugins": [{"pluginRef": "session", "weight": 1},
+                                                                         {"pluginRef": "pick"}]}]}}
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch(group, workdir, [POOL], extra_policy=policy, sim_args=["--profile", "fast"])
+        yield await launch(group, workdir, [POOL, STICKY], extra_policy=policy, sim_args=["--profile", "fast"])
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -137,6 +144,11 @@ async def test_routed_and_settled_exactly(stack: Stack, http: aiohttp.ClientSess
             assert reply["model"] == "org/chat"  # the alias was rewritten to the served name
         used = sum(usage_of(api, reply))
         remaining.append((int(headers["x-ratelimit-remaining-tokens"]), used))
+        if api == "messages":  # Anthropic's names for the same numbers
+            assert headers["anthropic-ratelimit-tokens-remaining"] == headers["x-ratelimit-remaining-tokens"]
+            assert headers["anthropic-ratelimit-tokens-limit"] == "1000000"
+        else:
+            assert not any(name.startswith("anthropic-ratelimit-") for name in headers)
         await wait_settled(stack, before, used)
     # The same body reserves the same tokens each time; what changes between two admissions is exactly what
     # the exchange in between really used (its reservation was corrected to the engine's usage).
@@ -160,6 +172,41 @@ async def test_messages_errors_are_anthropic_shaped(stack: Stack, http: aiohttp.
     async with http.post(f"http://127.0.0.1:{stack.envoy_port}/v1/messages", json=body("messages")) as response:
         assert response.status == 401
         assert (await response.json())["error"]["type"] == "authentication_error"
+
+
+async def test_messages_429_carries_anthropic_ratelimit_headers(stack: Stack, http: aiohttp.ClientSession) -> None:
+    """A token limit spent by earlier requests: the 429 says, in Anthropic's header names, what is left and when
+    the bucket is full again (an RFC 3339 instant), as the x-ratelimit-* headers do in OpenAI's."""
+    payload = body("messages", tokens=300)
+    for _ in range(20):  # each admission takes >= 300 of the 1,200 tokens per minute (20 tokens/s come back)
+        status, headers, reply = await post(http, stack, "messages", "minute", payload)
+        if status == 429:
+            break
+        assert status == 200, reply
+    assert status == 429, "the token limit never refused"
+    assert reply["error"]["type"] == "rate_limit_error"
+    assert int(headers["retry-after"]) >= 1
+    assert headers["anthropic-ratelimit-tokens-limit"] == headers["x-ratelimit-limit-tokens"] == "1200"
+    assert headers["anthropic-ratelimit-tokens-remaining"] == headers["x-ratelimit-remaining-tokens"]
+    reset = datetime.fromisoformat(headers["anthropic-ratelimit-tokens-reset"].replace("Z", "+00:00"))
+    assert timedelta(0) <= reset - datetime.now(UTC) <= timedelta(seconds=62)
+
+
+async def test_messages_metadata_user_id_keeps_a_session_on_one_endpoint(stack: Stack,
+                                                                         http: aiohttp.ClientSession) -> None:
+    """Claude Code's `metadata.user_id` is the session key of session affinity: every request of a session goes
+    to one endpoint whatever its prompt, and the sessions spread over the pool."""
+    homes: dict[str, set[str]] = {}
+    for turn in range(3):
+        for number in range(8):
+            user_id = f"user_{number:04x}_account_acme_session_{number * 7919:08x}"
+            payload = {**body("messages", text=f"turn {turn} of session {number}: what next?"), "model": "org/sticky",
+                       "metadata": {"user_id": user_id}}
+            status, headers, reply = await post(http, stack, "messages", "free", payload)
+            assert status == 200, reply
+            homes.setdefault(user_id, set()).add(headers["x-gateway-upstream-host"])
+    assert all(len(hosts) == 1 for hosts in homes.values()), homes
+    assert len(set.union(*homes.values())) > 1  # the key decides, not a constant
 
 
 async def test_responses_errors_are_openai_shaped(stack: Stack, http: aiohttp.ClientSession) -> None:
@@ -258,6 +305,7 @@ async def test_tokenizer_is_routed_and_spends_no_token_budget(stack: Stack, http
         "model": "chat", "system": "You are terse.", "messages": [{"role": "user", "content": long_prompt}]})
     assert status == 200 and counted["input_tokens"] > 2000
     status, _, reply = await post(http, stack, "tokenize", "free", {"prompt": "no model"})
-    assert status == 400 and reply["error"]["code"] == "missing_model"  # the model picks the pool
+    # Two pools here (chat, sticky): which tokenizer a model-less request means is ambiguous (one pool: that one)
+    assert status == 400 and reply["error"]["code"] == "missing_model"
     status, _, reply = await post(http, stack, "count_tokens", "free", {"model": "unknown", "messages": []})
     assert status == 404 and reply["error"]["type"] == "not_found_error"

@@ -32,6 +32,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
         "routing": {"poolClusters": "dedicated"}}},
     "istio-sidecar+dedicated+sse": {"mode": "istio-sidecar", "istio": {
         "extprocCluster": {"mode": "dedicated"}, "usageMetadata": {"sse": True}}},
+    "istio-gateway+tracing": {"mode": "istio-gateway", "policy": {"tracing": {
+        "enabled": True, "otlp_endpoint": "otel-collector.observability.svc.cluster.local:4317"}}},
 }
 
 

@@ -64,7 +64,9 @@ async def test_messages_json_and_stream(fleet: Fleet, http: aiohttp.ClientSessio
     assert start["message"]["usage"] == {"input_tokens": expected, "output_tokens": 0}
     text = "".join(d["delta"]["text"] for n, d in streamed if n == "content_block_delta")
     assert text == message["content"][0]["text"]  # same prompt, same seed: the same answer
-    assert delta["usage"] == {"input_tokens": expected, "output_tokens": message["usage"]["output_tokens"]}
+    assert delta["usage"] == {"input_tokens": expected, "output_tokens": message["usage"]["output_tokens"],
+                              "cache_read_input_tokens": delta["usage"]["cache_read_input_tokens"]}
+    assert delta["usage"]["cache_read_input_tokens"] > 0  # the same prompt again: a prefix-cache hit
 
 
 async def test_messages_errors_are_anthropic_shaped(fleet: Fleet, http: aiohttp.ClientSession) -> None:

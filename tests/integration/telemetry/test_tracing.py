@@ -107,6 +107,14 @@ async def test_client_traceparent_is_honoured_and_reaches_the_engine(
     assert found["extproc.pool"] == "chat" and found["server.address"] == headers["x-gateway-upstream-host"]
     assert found["gen_ai.usage.input_tokens"] == reply["usage"]["input_tokens"]
     assert found["gen_ai.usage.output_tokens"] == reply["usage"]["output_tokens"]
+    # The sampled decision's scores, as /debug/explain shows them: per scorer for the pick, and per endpoint.
+    per_scorer = {k.removeprefix("extproc.score."): v for k, v in found.items() if k.startswith("extproc.score.")}
+    assert per_scorer and all(0.0 <= v <= 1.0 for v in per_scorer.values())
+    scores = json.loads(found["extproc.scores"])
+    picked = scores[found["server.address"]]
+    assert found["extproc.scored_endpoints"] == 2 and set(scores) <= {f"127.0.0.1:{p}" for p in stack.sim_ports["chat"]}
+    assert picked["total"] == found["extproc.score_total"] == max(s["total"] for s in scores.values())
+    assert {k: v for k, v in picked.items() if k != "total"} == per_scorer
     engine = (await engine_headers(headers["x-gateway-upstream-host"]))["traceparent"]
     assert engine.split("-")[1] == trace_id.hex()  # the engine joins the same trace
 

@@ -7,7 +7,7 @@ import itertools
 import json
 from collections import defaultdict
 
-from extproc.bench.agents import AgentSessions
+from extproc.bench.agents import AgentsAndChats, AgentSessions
 from extproc.openai import Api, parse_request
 from extproc.scheduling import prefix_blocks
 
@@ -37,3 +37,14 @@ def test_sessions_are_valid_requests_whose_prompts_grow_turn_by_turn() -> None:
             assert set(prefix_blocks(before)) <= set(prefix_blocks(after))
             grew += 1
     assert grew > 40
+
+
+def test_agents_and_chats_interleave_both_workloads_labelled() -> None:
+    both = AgentsAndChats("m", seed=2)
+    alone = AgentSessions("m", seed=2)
+    specs = [both(index) for index in range(40)]
+    assert [s.labels["workload"] for s in specs[:4]] == ["chat", "agents", "chat", "agents"]
+    assert {s.path for s in specs[::2]} == {"/v1/chat/completions"}
+    # The agents half is the agents workload itself, fed its own indices in order (bodies differ only in the
+    # billing header's random hash, drawn from the same seeded generator: identical).
+    assert [s.body for s in specs[1::2]] == [alone(index).body for index in range(20)]

@@ -46,17 +46,23 @@ def test_sse_scanner_reads_anthropic_and_responses_streams() -> None:
         b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
         b'"delta":{"type":"text_delta","text":"Hi"}}\n\n'
         b'event: message_delta\ndata: {"type":"message_delta","delta":{"stop_reason":"end_turn"},'
-        b'"usage":{"input_tokens":9,"output_tokens":4}}\n\n'
+        b'"usage":{"input_tokens":9,"output_tokens":4,"cache_read_input_tokens":6}}\n\n'
     )
     scanner = SseScanner()
     scanner.feed(anthropic, now_ns=1)
     assert scanner.chunks == 1 and (scanner.prompt_tokens, scanner.completion_tokens) == (9, 4)
+    assert scanner.cached_tokens == 6
     responses = (
         b'event: response.created\ndata: {"type":"response.created","response":{"usage":null,"text":null}}\n\n'
         b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta","delta":"Hi"}\n\n'
         b'event: response.completed\ndata: {"type":"response.completed","response":{"usage":'
-        b'{"input_tokens":7,"output_tokens":2,"total_tokens":9}}}\n\n'
+        b'{"input_tokens":7,"input_tokens_details":{"cached_tokens":3},"output_tokens":2,"total_tokens":9}}}\n\n'
     )
     scanner = SseScanner()
     scanner.feed(responses, now_ns=1)
     assert scanner.chunks == 1 and (scanner.prompt_tokens, scanner.completion_tokens) == (7, 2)
+    assert scanner.cached_tokens == 3
+    chat = b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}\n\n'
+    scanner = SseScanner()
+    scanner.feed(chat, now_ns=1)
+    assert scanner.prompt_tokens == 5 and scanner.cached_tokens is None  # the engine did not say

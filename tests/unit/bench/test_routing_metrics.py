@@ -10,6 +10,7 @@ from extproc.bench.routing_metrics import (
     counter_total,
     endpoint_counts,
     engine_ttft,
+    hit_by_label,
     hit_rate,
     kv_blocks_for,
     saturated,
@@ -116,3 +117,13 @@ def test_engine_ttft_interpolates_the_runs_histogram_over_replicas() -> None:
     assert ttft["p90"] == 60.0  # rank 90: the top of (40, 60]
     assert ttft["p99"] == 235.0  # rank 99: 9 of 10 into (100, 250]
     assert engine_ttft(before, before) == {"p50": None, "p90": None, "p99": None}
+
+
+def test_hit_by_label_uses_each_answer_s_cached_tokens() -> None:
+    def sample(workload: str, prompt: int | None, cached: int | None, error: str | None = None) -> Sample:
+        return Sample(0, {"workload": workload}, 0.0, 0.0, 200, error, prompt_tokens=prompt, cached_tokens=cached)
+
+    rates = hit_by_label([sample("chat", 100, 50), sample("chat", 100, 70), sample("agents", 200, 180),
+                          sample("agents", 100, None), sample("agents", 100, 100, "http_5xx")], "workload")
+    assert rates == {"agents": 0.9, "chat": 0.6, "agents_minus_chat": 0.3}
+    assert hit_by_label([sample("chat", 10, 5)], "other") == {}

@@ -65,3 +65,18 @@ def test_reservation_round_trip_and_settlement_rules() -> None:
     failed = settlement(report(503, None, None))
     assert failed is not None and failed[1] == 0  # no output was produced
     assert settlement(UsageReport("x", 200, 1, 1, None, None, None)) is None
+
+
+def test_anthropic_names_mirror_the_openai_headers_with_an_rfc3339_reset() -> None:
+    states = [LimitState("requests", "a", 10, 9, 0.1), LimitState("tokens", "b", 400, 100, 75),
+              LimitState("tokens-day", "c", 10_000, 50, 3_600)]
+    at = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+    headers = dict(ratelimit_headers(states, anthropic_at=at))
+    assert headers["x-ratelimit-remaining-tokens"] == headers["anthropic-ratelimit-tokens-remaining"] == "50"
+    assert headers["anthropic-ratelimit-tokens-limit"] == "10000"
+    assert headers["anthropic-ratelimit-tokens-reset"] == "2026-01-01T01:00:00Z"
+    assert headers["anthropic-ratelimit-requests-reset"] == "2026-01-01T00:00:01Z"  # rounded up to the second
+    assert headers["anthropic-ratelimit-requests-limit"] == "10"
+    assert not any(name.startswith("anthropic-") for name in dict(ratelimit_headers(states)))
+    error = rate_limited("tokens:lim:{a}:all:tpm", 2.2, states, anthropic_at=at)
+    assert dict(error.headers)["anthropic-ratelimit-tokens-remaining"] == "50"

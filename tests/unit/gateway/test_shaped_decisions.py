@@ -18,6 +18,7 @@ pools:
     endpoints: ["10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000"]
     image_tokens: 1000
     audio_tokens: 300
+    video_tokens: 5000
 """
 
 
@@ -45,6 +46,9 @@ def test_images_audio_and_tools_count_in_the_estimate() -> None:
     with_image = json.loads(json.dumps(text))
     with_image["messages"][0]["content"].append({"type": "image", "source": {"type": "base64", "data": "A" * 4000}})
     assert estimate(harness, with_image) == base + 1000  # the pool's figure, not the base64's length
+    with_video = json.loads(json.dumps(with_image))
+    with_video["messages"][0]["content"].append({"type": "video", "source": {"type": "url", "url": "http://x/v"}})
+    assert estimate(harness, with_video) == base + 1000 + 5000
     with_tools = {**text, "tools": [{"name": "Bash", "description": "Run a command. " * 40,
                                      "input_schema": {"type": "object"}}]}
     assert estimate(harness, with_tools) >= base + 150
@@ -99,3 +103,20 @@ def test_continuations_find_home_in_a_pool_larger_than_the_candidate_sample() ->
                                                    "previous_response_id": response_id})
         assert isinstance(follow, Route) and follow.endpoints[0] == home
         response_id = json.loads(follow.body or b"{}")["request_id"]
+
+
+def test_a_tokenizer_request_without_model_goes_to_the_only_pool() -> None:
+    harness = Harness(POLICY)
+    for path, document in (("/tokenize", {"prompt": "count me"}), ("/detokenize", {"tokens": [1, 2, 3]})):
+        route = decide(harness, path, document)
+        assert isinstance(route, Route) and route.pool == "chat"
+        assert route.body is None  # sent as the client wrote it: vLLM's tokenizer needs no model
+    refused = decide(harness, "/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "x"}]})
+    assert isinstance(refused, Respond) and refused.status == 400  # Anthropic's API requires it
+    two = Harness(POLICY + """\
+  - name: code
+    model: org/code
+    endpoints: ["10.0.0.9:8000"]
+""")
+    refused = decide(two, "/tokenize", {"prompt": "count me"})
+    assert isinstance(refused, Respond) and refused.status == 400 and b"missing_model" in refused.body

@@ -144,10 +144,17 @@ def test_bad_messages_requests(document: dict[str, Any]) -> None:
     assert caught.value.status == 400
 
 
-def test_media_parts_count_images_and_audio_inside_tool_results() -> None:
-    conversation = [("user", [{"type": "image_url"}, {"type": "input_audio"}, "text",
-                              {"type": "tool_result", "content": [{"type": "image"}]}]), ("user", "plain")]
-    assert media_parts(conversation) == (2, 1)
+def test_media_parts_count_images_audio_and_video_inside_tool_results() -> None:
+    conversation = [("user", [{"type": "image_url"}, {"type": "input_audio"}, "text", {"type": "video_url"},
+                              {"type": "tool_result", "content": [{"type": "image"}, {"type": "video"}]}]),
+                    ("user", "plain")]
+    assert media_parts(conversation) == (2, 1, 2)
+
+
+def test_video_parts_cost_the_pool_s_video_tokens() -> None:
+    request = parse(Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what happens?"}, {"type": "video_url", "video_url": {"url": "http://x/v.mp4"}}]}]})
+    assert (request.images, request.audios, request.videos) == (0, 0, 1)
 
 
 def test_anthropic_error_shape() -> None:
@@ -189,3 +196,14 @@ def test_every_path_has_one_api() -> None:
     assert set(PATHS.values()) == set(SHAPES) == set(Api)
     assert api_for_path("/v2/rerank?x=1") is Api.RERANK and api_for_path("/v1/messages/") is Api.MESSAGES
     assert api_for_path("/v1/messages/count_tokens") is Api.COUNT_TOKENS and api_for_path("/v1/rank") is None
+
+
+def test_anthropic_metadata_user_id_is_the_user() -> None:
+    base = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    session = "user_ab12_account_x_session_5f0c"
+    assert parse(Api.MESSAGES, {**base, "metadata": {"user_id": session}}).user == session
+    # Anthropic's API has no top-level `user`: only metadata.user_id counts, and only a string
+    assert parse(Api.MESSAGES, {**base, "user": "other"}).user is None
+    assert parse(Api.MESSAGES, {**base, "metadata": {"user_id": 7}}).user is None
+    assert parse(Api.MESSAGES, {**base, "metadata": "x"}).user is None
+    assert parse(Api.CHAT, {"model": "m", "messages": [{"role": "user", "content": "hi"}], "user": "u"}).user == "u"

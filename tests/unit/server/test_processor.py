@@ -215,3 +215,34 @@ async def test_an_error_after_the_exchange_was_served_leaves_its_charge_to_the_a
                                            budgets=(TokenBudget("{anonymous}:all:tpm", 100000, 60),)))
     # Still reserved (the model did answer): the access log's usage settles it, not a charge of 0 now.
     assert next(s for s in probe.states if s.name == "tokens").remaining < 100000
+
+
+async def test_scores_are_recorded_only_for_a_sampled_exchange() -> None:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from extproc.server.processor import StreamProcessor
+    from extproc.telemetry.tracing import DecisionTracer
+    from extproc.telemetry.tracing_config import TracingConfig
+
+    exporter = InMemorySpanExporter()
+    tracer = DecisionTracer(TracingConfig(enabled=True, sample_ratio=0.0), exporter=exporter)
+    service, _, _ = make(POLICY[POLICY.index("pools:"):])  # no limits: the body phase decides at once
+    trace = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-"
+    for flags, sampled in (("00", False), ("01", True)):
+        stream = StreamProcessor(service._gateway, tracer, (("traceparent", trace + flags),))
+        stream.handle(headers_message(HEAD), "request_headers")
+        assert stream.exchange is not None
+        assert (stream.span is not None, stream.exchange.scores is not None) == (sampled, sampled)
+        reply = stream.handle(body_message(CHAT), "request_body")
+        assert isinstance(reply, ext_pb.ProcessingResponse)
+        headers = set_headers(reply.request_body.response.header_mutation)
+        assert ("traceparent" in headers) == sampled
+        if sampled:
+            scores = stream.exchange.scores
+            assert scores is not None and set(scores.totals) == {"10.0.0.1:8000", "10.0.0.2:8000"}
+        stream.end_span(time.monotonic())
+    tracer.shutdown()
+    (span,) = exporter.get_finished_spans()  # the sampled one only
+    attributes = dict(span.attributes or {})
+    assert attributes["extproc.scored_endpoints"] == 2
+    assert any(key.startswith("extproc.score.") for key in attributes)

@@ -38,7 +38,7 @@ def test_sampling_follows_the_parent_else_the_ratio() -> None:
     sampled = made.start({}, None)
     assert sampled is not None  # 0.2 < 0.5
     assert made.start({}, None) is None  # 0.7
-    from_envoy = made.start({}, TRACE)
+    from_envoy = made.start({}, (("grpc-timeout", "5S"), ("traceparent", TRACE)))
     assert from_envoy is not None  # Envoy's context on the stream, when the client sent none
     for span in (child, sampled, from_envoy):
         made.finish(span, {}, None)
