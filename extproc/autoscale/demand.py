@@ -11,6 +11,11 @@ queue, held cold-start requests included. The figure reported to KEDA adds two t
   Only the present sample is projected: a window of past projections would keep the noisiest slope's
   forecast for the whole window.
 
+With `smoothing_s`, "demand" in both is the mean of the samples of the last `smoothing_s` (a rise then shows in
+full within it): the highest of many instantaneous samples of a busy pool is a high quantile of its in-flight
+count, not the load it carries (measured: a window's highest raw sample near twice the mean, `extproc bench
+autoscale`), and the HPA would buy replicas for that noise.
+
 The pool is active (KEDA scales it from zero) while that figure is above zero or a request is held for it.
 """
 
@@ -42,7 +47,8 @@ class Estimate:
 @dataclass(slots=True)
 class _Sample:
     at: float
-    demand: float
+    demand: float  # as sampled
+    level: float  # the mean of the samples of the last smoothing_s, this one included
 
 
 def slope(points: Iterable[tuple[float, float]]) -> float:
@@ -75,17 +81,19 @@ class DemandTracker:
         samples = self._samples.get(pool)
         if samples is None:
             samples = self._samples[pool] = deque(maxlen=MAX_SAMPLES)
-        horizon = max(config.trend_window_s, config.scale_down_stabilization_s)
+        horizon = max(config.trend_window_s, config.scale_down_stabilization_s, config.smoothing_s)
         while samples and samples[0].at < now - horizon:
             samples.popleft()
         trend = 0.0
         if config.predict_s > 0:
             window = now - config.trend_window_s
             trend = slope([(s.at, s.demand) for s in samples if s.at >= window] + [(now, demand)])
-        projected = max(0.0, demand + max(0.0, trend) * config.predict_s)
-        samples.append(_Sample(now, demand))
+        recent = [s.demand for s in samples if s.at > now - config.smoothing_s] if config.smoothing_s > 0 else []
+        level = (sum(recent) + demand) / (len(recent) + 1)
+        projected = max(0.0, level + max(0.0, trend) * config.predict_s)
+        samples.append(_Sample(now, demand, level))
         since = now - config.scale_down_stabilization_s
-        value = max(projected, max(s.demand for s in samples if s.at >= since))
+        value = max(projected, max(s.level for s in samples if s.at >= since))
         estimate = self._last[pool] = Estimate(demand, held, trend, value)
         return estimate
 

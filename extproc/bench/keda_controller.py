@@ -5,8 +5,9 @@
   zero replicas at once (KEDA's `external-push` trigger).
 - The HPA's side (`desired_replicas`): ceil(metric / target) within [min, max], no change inside a 10%
   tolerance; zero replicas only after `cooldown_s` inactive (KEDA's cooldownPeriod), one at once on activation.
-- The cluster's side (`Replicas`): a new replica becomes a simulator process after `cold_start_s` (scheduling,
-  image pull, model load); a removed one gets SIGTERM, newest first, pending starts cancelled first. Its
+- The cluster's side (`Replicas`): a new replica listens `cold_start_s` after it was asked for (scheduling,
+  image pull, model load), from a simulator process pre-started parked; a removed one gets SIGTERM, newest
+  first, pending starts cancelled first. Its
   process group must not use a preexec hook (`ProcessGroup(die_with_parent=False)`): these processes are
   forked while gRPC's threads run in this process, and a forked child that runs Python code before exec can
   deadlock on a lock one of those threads held (seen: one replica in four never started).
@@ -17,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -79,7 +81,10 @@ class ScalerClient:
 
 @dataclass
 class Replicas:
-    """Simulator processes of one pool, one per port, started after a cold-start delay."""
+    """Simulator processes of one pool, one per port. Each is pre-started parked (`extproc sim --park-file`: its
+    Python start-up done, no port bound) and told to listen `cold_start_s` after the scale-up, so the simulated
+    cold start is the only delay, as for a real replica; a stopped one is replaced by a new parked
+    process (`parked[port]` is always there, maybe still starting)."""
 
     group: ProcessGroup
     workdir: Path
@@ -91,11 +96,38 @@ class Replicas:
     running: dict[int, Child] = field(default_factory=dict)
     starting: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     ready_at: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas ready) at each change
-    stopping: set[asyncio.Task[int]] = field(default_factory=set)
+    # One per replica started: when it was asked for, told to listen, and listening; and whether its parked
+    # process was not up yet at the end of the cold start (then the bench's process start-up adds to the lag).
+    starts: list[dict[str, float]] = field(default_factory=list)
+    parked: dict[int, asyncio.Task[Child]] = field(default_factory=dict)
 
     @property
     def count(self) -> int:
         return len(self.running) + len(self.starting)
+
+    async def prestart(self) -> None:
+        """A parked process on every port, up before the run starts."""
+        for port in self.ports:
+            self._park(port)
+        await asyncio.gather(*self.parked.values())
+
+    def _park(self, port: int) -> None:
+        self.parked[port] = asyncio.create_task(self._parked_process(port))
+
+    async def _parked_process(self, port: int) -> Child:
+        park, ready = self.workdir / f"sim-{port}.parked", self.workdir / f"sim-{port}.json"
+        park.unlink(missing_ok=True)
+        ready.unlink(missing_ok=True)
+        child = await self.group.start(f"sim-{port}", [sys.executable, "-m", "extproc", "sim", "--ready-file",
+                                                       str(ready), "--park-file", str(park), "--profile",
+                                                       self.profile, "--stream-chunk-tokens", "8",
+                                                       "--pool", f"{self.model}={port}"])
+        try:
+            await wait_file(park, 60, child=child)
+        except BaseException:
+            await self.group.stop(child)
+            raise
+        return child
 
     def scale(self, desired: int) -> None:
         while self.count < desired:
@@ -109,9 +141,12 @@ class Replicas:
                 port = max(self.running, key=lambda p: self.running[p].pid)
                 child = self.running.pop(port)
                 self.ready_at.append((self.clock(), len(self.running)))
-                stopping = asyncio.create_task(self.group.stop(child, grace_s=5.0))
-                self.stopping.add(stopping)
-                stopping.add_done_callback(self.stopping.discard)
+                self.parked[port] = asyncio.create_task(self._replace(child, port))
+
+    async def _replace(self, child: Child, port: int) -> Child:
+        """Stop `child`, then park a new process on its port."""
+        await self.group.stop(child, grace_s=5.0)
+        return await self._parked_process(port)
 
     async def _start(self, port: int) -> None:
         try:
@@ -121,21 +156,26 @@ class Replicas:
             self.starting.pop(port, None)
 
     async def _launch(self, port: int) -> None:
+        asked = self.clock()
         await asyncio.sleep(self.cold_start_s)
-        ready = self.workdir / f"sim-{port}.json"
-        ready.unlink(missing_ok=True)
-        child = await self.group.start(f"sim-{port}", [sys.executable, "-m", "extproc", "sim", "--ready-file",
-                                                       str(ready), "--profile", self.profile,
-                                                       "--stream-chunk-tokens", "8",
-                                                       "--pool", f"{self.model}={port}"])
+        parked = self.parked[port]
+        late = not parked.done()
+        child = await asyncio.shield(parked)
+        told = self.clock()
+        child.send_signal(signal.SIGUSR1)
         try:
-            await wait_file(ready, 30, child=child)
+            await wait_file(self.workdir / f"sim-{port}.json", 30, child=child)
         except BaseException:
+            self.parked.pop(port, None)
             await self.group.stop(child)
+            self._park(port)
             raise
+        self.parked.pop(port, None)
         self.starting.pop(port, None)
         self.running[port] = child
-        self.ready_at.append((self.clock(), len(self.running)))
+        now = self.clock()
+        self.ready_at.append((now, len(self.running)))
+        self.starts.append({"asked": asked, "told": told, "ready": now, "parked_late": float(late)})
 
     async def close(self) -> None:
         for task in self.starting.values():
@@ -143,7 +183,7 @@ class Replicas:
         for task in self.starting.values():
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        await asyncio.gather(*self.stopping, return_exceptions=True)
+        await asyncio.gather(*self.parked.values(), return_exceptions=True)
 
 
 @dataclass
@@ -183,9 +223,13 @@ class Controller:
         """KEDA's push trigger: a pool at zero replicas is scaled to one the moment it turns active."""
         async for message in self.scaler.stream():
             if message.result:
-                self._last_active = self.clock()
+                now = self._last_active = self.clock()
                 if self.replicas.count == 0:
                     self._apply(max(1, self.minimum))
+                    last = self.timeline[-1]["value"] if self.timeline else 0.0
+                    self.timeline.append({"t": now, "value": last, "active": 1.0, "desired": self.desired,
+                                          "ready": len(self.replicas.running), "starting": len(self.replicas.starting),
+                                          "pushed": 1.0})
 
     def _apply(self, desired: int) -> None:
         self.desired = desired

@@ -231,6 +231,12 @@ class PoolConfig(Strict):
                                                        "least recently used one is unloaded first")
     lora_load_timeout_s: float = Field(default=30.0, gt=0, le=600,
                                        description="how long a request waits for its adapter to be loaded")
+    lora_idle_unload_s: float = Field(default=1800.0, ge=0, le=86_400,
+                                      description="an adapter loaded on demand that nothing used for this long is "
+                                                  "unloaded (0 = never)")
+    lora_prewarm: list[str] = Field(default_factory=list, max_length=1000,
+                                    description="adapters of lora_paths loaded on every ready endpoint and kept "
+                                                "there (never unloaded for idleness or room)")
     sleep_after_idle_s: float = Field(default=0.0, ge=0, le=86_400,
                                       description="engines idle this long are put to sleep (vLLM sleep mode) and "
                                                   "woken when a request needs one (0 = never)")
@@ -342,6 +348,13 @@ class Policy(Strict):
             unknown = sorted(set(pool.lora_paths) - set(pool.lora_adapters))
             if unknown:
                 raise ValueError(f"pool {pool.name!r}: lora_paths names adapters not in lora_adapters: {unknown}")
+            unknown = sorted(set(pool.lora_prewarm) - set(pool.lora_paths))
+            if unknown:
+                raise ValueError(f"pool {pool.name!r}: lora_prewarm names adapters not in lora_paths: {unknown}")
+            others = set(pool.lora_paths) - set(pool.lora_prewarm)
+            if len(set(pool.lora_prewarm)) + (1 if others else 0) > pool.max_adapters_per_endpoint:
+                raise ValueError(f"pool {pool.name!r}: lora_prewarm keeps {len(set(pool.lora_prewarm))} adapters "
+                                 "loaded; max_adapters_per_endpoint must leave room for one more loaded on demand")
             if pool.sleep_after_idle_s > 0 and pool.cold_start_timeout_s <= 0:
                 raise ValueError(f"pool {pool.name!r}: sleep_after_idle_s needs cold_start_timeout_s (how long a "
                                  "request waits while an engine wakes up)")

@@ -11,7 +11,12 @@ what is loaded. For the pools with `lora_paths`:
   `max_adapters_per_endpoint` with the fewest adapters loaded on demand (then the fewest requests in flight),
   else the one holding the least recently used adapter, which it unloads first (requests running with it
   finish);
-- requests for an adapter that is loaded go on as usual, to the endpoints that have it (`touch` marks it used).
+- requests for an adapter that is loaded go on as usual, to the endpoints that have it (`touch` marks it used);
+- upkeep, each round, one call at a time per endpoint: an adapter of `lora_paths` that nothing used for
+  `lora_idle_unload_s` is unloaded. "Used" is a request sent here, or the adapter running or waiting in the
+  engine's own metrics (`vllm:lora_requests_info`, so use through another service replica counts too); one
+  found loaded by someone else counts as used when first seen. The `lora_prewarm` adapters are loaded on every
+  ready endpoint that lacks them, and never unloaded (not for idleness, not to make room).
 
 One load per (pool, adapter) at a time; every request waiting for it is released when it completes, or refused
 (503 `overloaded_adapter_unavailable`) when it fails or takes too long.
@@ -52,6 +57,9 @@ class AdapterPool:
     max_per_endpoint: int
     timeout_s: float
     ready: Callable[[], Sequence[Endpoint]]  # its endpoints that may take a request now
+    idle_unload_s: float = 0.0  # 0: never
+    prewarm: frozenset[str] = frozenset()
+    busy: Callable[[Endpoint], frozenset[str]] = lambda endpoint: frozenset()  # running or waiting, per its metrics
 
 
 class AdapterManager:
@@ -63,17 +71,19 @@ class AdapterManager:
         self._loads: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._used: dict[tuple[str, str], float] = {}  # (endpoint address, adapter) -> last use
         self._changed: dict[Endpoint, float] = {}  # when this process last loaded or unloaded there
+        self._upkeep: dict[Endpoint, asyncio.Task[None]] = {}  # an idle unload or a prewarm load under way
         self._calls = EngineCalls()
         self._loop = Periodic("lora-adapters", self._round, interval_s, log=log, what="adapter listing",
                               immediate=True)
         self.loads_total = self.unloads_total = self.failures_total = 0
+        self.idle_unloads_total = self.prewarm_loads_total = 0
 
     async def start(self) -> None:
         self._loop.start()
 
     async def stop(self) -> None:
         await self._loop.stop()
-        await self._calls.close(self._loads.values())
+        await self._calls.close([*self._loads.values(), *self._upkeep.values()])
 
     def _pool(self, name: str) -> AdapterPool | None:
         return next((p for p in self._pools() if p.name == name), None)
@@ -129,9 +139,9 @@ class AdapterManager:
                 return
             endpoint = chosen = self._choose(pool, ready)
             self._changed[endpoint] = math.inf  # until the calls are over, listings started meanwhile are stale
-            loaded = sorted(endpoint.adapters & pool.paths.keys(),
-                            key=lambda name: self._used.get((endpoint.address, name), 0.0))
-            for victim in loaded[: max(0, len(loaded) - pool.max_per_endpoint + 1)]:
+            held = endpoint.adapters & pool.paths.keys()
+            loaded = sorted(held - pool.prewarm, key=lambda name: self._used.get((endpoint.address, name), 0.0))
+            for victim in loaded[: max(0, len(held) - pool.max_per_endpoint + 1)]:
                 await self._call(endpoint, "/v1/unload_lora_adapter", {"lora_name": victim}, ok=(200, 404))
                 endpoint.adapters = endpoint.adapters - {victim}
                 self.unloads_total += 1
@@ -160,8 +170,8 @@ class AdapterManager:
             return min(with_room, key=lambda e: (len(e.adapters & paths), e.in_flight))
 
         def oldest_use(endpoint: Endpoint) -> float:
-            return min((self._used.get((endpoint.address, name), 0.0) for name in endpoint.adapters & paths),
-                       default=0.0)
+            return min((self._used.get((endpoint.address, name), 0.0)
+                        for name in (endpoint.adapters & paths) - pool.prewarm), default=math.inf)
 
         return min(ready, key=lambda e: (oldest_use(e), e.in_flight))
 
@@ -180,6 +190,61 @@ class AdapterManager:
             for endpoint in pool.ready():
                 seen.setdefault(endpoint, pool.model)
         await asyncio.gather(*(self._list(e, model) for e, model in seen.items()))
+        for pool in pools:
+            if pool.idle_unload_s > 0 or pool.prewarm:
+                self._tend(pool)
+
+    def _tend(self, pool: AdapterPool) -> None:
+        """Start one upkeep call per endpoint that needs one and has no load or unload under way."""
+        now = self._clock()
+        for endpoint in pool.ready():
+            for name in pool.busy(endpoint) & endpoint.adapters:
+                self._used[(endpoint.address, name)] = now
+            if endpoint in self._upkeep or self._changed.get(endpoint, 0.0) == math.inf:
+                continue
+            missing = sorted(pool.prewarm - endpoint.adapters)
+            idle = sorted(name for name in (endpoint.adapters & pool.paths.keys()) - pool.prewarm
+                          if pool.idle_unload_s > 0
+                          and now - self._used.setdefault((endpoint.address, name), now) >= pool.idle_unload_s)
+            if missing:
+                call = self._prewarm(pool, endpoint, missing[0])
+            elif idle:
+                call = self._unload_idle(pool, endpoint, idle[0])
+            else:
+                continue
+            task = self._upkeep[endpoint] = asyncio.get_running_loop().create_task(call)
+            task.add_done_callback(lambda _, e=endpoint: self._upkeep.pop(e, None))  # type: ignore[misc]
+
+    async def _prewarm(self, pool: AdapterPool, endpoint: Endpoint, name: str) -> None:
+        await self._upkeep_call(pool, endpoint, name, "/v1/load_lora_adapter",
+                                {"lora_name": name, "lora_path": pool.paths[name]}, (200,))
+
+    async def _unload_idle(self, pool: AdapterPool, endpoint: Endpoint, name: str) -> None:
+        await self._upkeep_call(pool, endpoint, name, "/v1/unload_lora_adapter", {"lora_name": name}, (200, 404))
+
+    async def _upkeep_call(self, pool: AdapterPool, endpoint: Endpoint, name: str, path: str,
+                           body: Mapping[str, str], ok: tuple[int, ...]) -> None:
+        load = path == "/v1/load_lora_adapter"
+        self._changed[endpoint] = math.inf
+        try:
+            await self._call(endpoint, path, body, ok)
+            if load:
+                endpoint.adapters = endpoint.adapters | {name}
+                self.loads_total += 1
+                self.prewarm_loads_total += 1
+            else:
+                endpoint.adapters = endpoint.adapters - {name}
+                self._used.pop((endpoint.address, name), None)
+                self.unloads_total += 1
+                self.idle_unloads_total += 1
+            log.info("%s adapter %s on %s (pool %s)", "prewarmed" if load else "unloaded idle", name,
+                     endpoint.address, pool.name)
+        except (aiohttp.ClientError, TimeoutError, RuntimeError) as exc:
+            self.failures_total += 1
+            log.warning("%s adapter %s on %s failed: %s", "prewarming" if load else "unloading idle", name,
+                        endpoint.address, exc)
+        finally:
+            self._changed[endpoint] = self._clock()
 
     async def _list(self, endpoint: Endpoint, model: str) -> None:
         started = self._clock()

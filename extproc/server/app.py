@@ -262,7 +262,11 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     scaler = None
     if policy.autoscaling.enabled:
         scaler = ScalerService(runtimes, parts.flow, parts.health)
-        server.add_generic_rpc_handlers((scaler.handler(),))
+        if policy.autoscaling.grpc_port is None:
+            server.add_generic_rpc_handlers((scaler.handler(),))
+        else:
+            scaler.serve_alone(policy.service.grpc_host,
+                               _GRPC_OPTIONS + (_WORKER_GRPC_OPTIONS if worker is not None else []))
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape, saturation=lambda: runtimes.current.policy.saturation)
     scraper.on_scrape = parts.flow.kick_all  # fresh metrics may show room for queued requests
     registry.register(FlowCollector(parts.flow))

@@ -36,13 +36,21 @@ def _ready(pool: Pool, health: HealthTracker) -> Sequence[Endpoint]:
     return pool.ready(health.usable(pool.endpoints, time.monotonic()))
 
 
+def _busy_adapters(pool: Pool, endpoint: Endpoint) -> frozenset[str]:
+    """Adapters running or waiting at `endpoint`, as its last fresh metrics say."""
+    metrics = pool.load.fresh(endpoint, time.monotonic())
+    return frozenset() if metrics is None else metrics.running_loras | metrics.waiting_loras
+
+
 def build_adapter_manager(runtimes: RuntimeHolder, parts: Parts) -> AdapterManager:
     """Adapters loaded on demand in the pools with `lora_paths`; the gate asks it when a request needs one."""
 
     def pools() -> list[AdapterPool]:
         health = parts.health
         return [AdapterPool(p.name, p.config.model, p.config.lora_paths, p.config.max_adapters_per_endpoint,
-                            p.config.lora_load_timeout_s, lambda p=p: _ready(p, health))  # type: ignore[misc]
+                            p.config.lora_load_timeout_s, lambda p=p: _ready(p, health),  # type: ignore[misc]
+                            p.config.lora_idle_unload_s, frozenset(p.config.lora_prewarm),
+                            lambda e, p=p: _busy_adapters(p, e))  # type: ignore[misc]
                 for p in runtimes.current.pools.values() if p.config.lora_paths]
 
     manager = AdapterManager(pools)

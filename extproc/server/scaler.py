@@ -4,7 +4,8 @@ A ScaledObject's external trigger names the pool in its metadata (`pool: NAME`);
 metadata in every call (`ScaledObjectRef.scalerMetadata`). For that pool:
 
 - `GetMetricSpec`: one metric, `extproc-demand-<pool>`, with the policy's target demand per replica (KEDA's HPA
-  divides the metric by it: replicas = ceil(demand / target));
+  divides the metric by it: replicas = ceil(demand / target)); `StreamMetricSpec` pushes it again when a policy
+  reload changes it;
 - `GetMetrics`: the pool's stabilised, projected demand (`extproc.autoscale.demand`);
 - `IsActive`: whether the pool needs a replica at all (demand, or a request held for it);
 - `StreamIsActive`: the same, sent when the stream opens and whenever it changes: at once when a request is held
@@ -33,6 +34,7 @@ from extproc.flow import FlowController
 from extproc.gateway.runtime import Pool, RuntimeHolder
 from extproc.periodic import Periodic
 from extproc.server.keda import externalscaler as pb
+from extproc.server.scaler_port import ScalerPort
 
 __all__ = ["METRIC_PREFIX", "ScalerService", "metric_name", "pool_demand"]
 
@@ -69,15 +71,25 @@ class ScalerService:
         self._sampler = Periodic("autoscale-sampler", self._sample, lambda: self._config().sample_interval_s,
                                  log=log, what="demand sampling", immediate=True)
         flow.cold_listeners.append(self.wake)
+        self.port: ScalerPort | None = None  # its own port (autoscaling.grpc_port), else service.grpc_port's
+
+    def serve_alone(self, host: str, options: Any = ()) -> None:
+        """Serve on autoscaling.grpc_port (with its mTLS), from `start()`, instead of on the caller's server."""
+        config = self._config()
+        self.port = ScalerPort(self.handler(), config.grpc_host or host, config, options)
 
     def _config(self) -> AutoscalingConfig:
         return self._runtimes.current.policy.autoscaling
 
     # -- sampling (off the request path) ---------------------------------------------------------------
     async def start(self) -> None:
+        if self.port is not None:
+            await self.port.start()
         self._sampler.start()
 
     async def stop(self) -> None:
+        if self.port is not None:
+            await self.port.stop()
         await self._sampler.stop()
         for events in self._streams.values():
             for event in events:
@@ -124,6 +136,9 @@ class ScalerService:
                 response_serializer=pb.IsActiveResponse.SerializeToString),
             "GetMetricSpec": grpc.unary_unary_rpc_method_handler(
                 self.GetMetricSpec, request_deserializer=pb.ScaledObjectRef.FromString,
+                response_serializer=pb.GetMetricSpecResponse.SerializeToString),
+            "StreamMetricSpec": grpc.unary_stream_rpc_method_handler(
+                self.StreamMetricSpec, request_deserializer=pb.ScaledObjectRef.FromString,
                 response_serializer=pb.GetMetricSpecResponse.SerializeToString),
             "GetMetrics": grpc.unary_unary_rpc_method_handler(
                 self.GetMetrics, request_deserializer=pb.GetMetricsRequest.FromString,
@@ -173,11 +188,36 @@ class ScalerService:
                 if not events:
                     del self._streams[name]
 
-    async def GetMetricSpec(self, ref: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        pool = await self._pool(ref, context)
+    def _spec(self, pool: Pool) -> Any:
         target = pool.config.target_per_replica or self._config().target_per_replica
         return pb.GetMetricSpecResponse(metricSpecs=[pb.MetricSpec(
             metricName=metric_name(pool.name), targetSize=max(1, round(target)), targetSizeFloat=target)])
+
+    async def GetMetricSpec(self, ref: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
+        return self._spec(await self._pool(ref, context))
+
+    async def StreamMetricSpec(self, ref: Any, context: grpc.aio.ServicerContext[Any, Any]) -> AsyncIterator[Any]:
+        """KEDA's optional push of the metric spec: sent when the stream opens, and again when a policy reload
+        changes the pool's target (looked at every sample interval); the same answer GetMetricSpec gives. Ends
+        when the pool leaves the policy (KEDA opens it again, and GetMetricSpec then answers NOT_FOUND)."""
+        pool = await self._pool(ref, context)
+        if self._open_streams >= self._config().max_streams:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                "too many streams (autoscaling.max_streams)")
+        self._open_streams += 1
+        try:
+            sent: Any = None
+            while self._sampler.running or sent is None:
+                current = self._runtimes.current.pools.get(pool.name)
+                if current is None:
+                    return
+                spec = self._spec(current)
+                if spec != sent:
+                    sent = spec
+                    yield spec
+                await asyncio.sleep(self._config().sample_interval_s)
+        finally:
+            self._open_streams -= 1
 
     async def GetMetrics(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         pool = await self._pool(request.scaledObjectRef, context)

@@ -1,7 +1,9 @@
 """TLS on the gRPC port, with the certificate and key reloaded when their files change (cert-manager, a mounted
 Secret rotating). gRPC asks for the current pair on every handshake (`dynamic_ssl_server_credentials`); the answer
 is prepared off that path by a background check of the files, so a handshake does no file I/O. A pair that does
-not load (half-written, or a key that does not match the certificate) is refused and the previous one stays."""
+not load (half-written, or a key that does not match the certificate) is refused and the previous one stays.
+With a client CA (`autoscaling.tls`, the KEDA scaler's own port) every client must present a certificate it
+signed; the CA file is reloaded with the pair."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 
 import grpc
 
+from extproc.autoscale.config import ScalerTls
 from extproc.config.epp import GrpcTls
 from extproc.periodic import Periodic
 
@@ -24,9 +27,10 @@ _Stamp = tuple[tuple[int, int, int], ...]  # (inode, size, mtime_ns) of each fil
 
 
 class CertificateReloader:
-    def __init__(self, config: GrpcTls) -> None:
+    def __init__(self, config: GrpcTls | ScalerTls) -> None:
         self._config = config
         self._paths = (Path(config.cert_file), Path(config.key_file))
+        self._client_ca = Path(config.client_ca_file) if isinstance(config, ScalerTls) else None
         self._stamp = self._stat()
         self.current = self._load()  # an unreadable pair at start is an error: the service does not start
         self._pending: grpc.ServerCertificateConfiguration | None = None
@@ -41,20 +45,25 @@ class CertificateReloader:
 
     def _stat(self) -> _Stamp:
         stamps = []
-        for path in self._paths:
+        for path in (*self._paths, *([self._client_ca] if self._client_ca else [])):
             info = os.stat(path)
             stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
         return tuple(stamps)
 
     def _load(self) -> grpc.ServerCertificateConfiguration:
         cert, key = (path.read_bytes() for path in self._paths)
-        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(*self._paths)  # the key fits the cert
-        return grpc.ssl_server_certificate_configuration([(key, cert)])
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(*self._paths)  # the key fits the cert
+        if self._client_ca is None:
+            return grpc.ssl_server_certificate_configuration([(key, cert)])
+        client_ca = self._client_ca.read_bytes()
+        context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))  # a CA certificate at all
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=client_ca)
 
     def credentials(self) -> grpc.ServerCredentials:
         # The fetcher may answer None (keep the current pair), which grpc-stubs' signature leaves out.
         return grpc.dynamic_ssl_server_credentials(self.current, self._fetch,  # type: ignore[arg-type]
-                                                   require_client_authentication=False)
+                                                   require_client_authentication=self._client_ca is not None)
 
     def _fetch(self) -> grpc.ServerCertificateConfiguration | None:
         """Called by gRPC at each handshake: a new pair once, else None (keep the current one)."""

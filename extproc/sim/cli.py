@@ -46,6 +46,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="initial multiplier of every engine step's duration (default %(default)s)")
     parser.add_argument("--ready-file", type=Path, default=None, metavar="PATH",
                         help="once every replica listens, write a JSON list of {model, url} here")
+    parser.add_argument("--park-file", type=Path, default=None, metavar="PATH",
+                        help="start parked: write PATH once ready to go, and bind the ports only on SIGUSR1 "
+                             "(a replica pre-started idle, so that a benchmark's cold start is the only delay)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seed for output lengths/text and fault draws (default %(default)s)")
 
@@ -98,18 +101,36 @@ def build_specs(args: argparse.Namespace, profile: Profile) -> list[ReplicaSpec]
         raise UsageError(str(exc)) from exc
 
 
-def _write_ready_file(path: Path, endpoints: list[dict[str, str]]) -> None:
+def _write_ready_file(path: Path, content: list[dict[str, str]] | int) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(endpoints, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
-async def serve(fleet: Fleet, ready_file: Path | None, profile: Profile) -> None:
+async def _unpark(park_file: Path, stop: asyncio.Event) -> bool:
+    """Wait for SIGUSR1 (True) or a stop (False), once `park_file` says the process is ready for it."""
+    loop = asyncio.get_running_loop()
+    go = asyncio.Event()
+    loop.add_signal_handler(signal.SIGUSR1, go.set)
+    try:
+        _write_ready_file(park_file, os.getpid())
+        waits = [asyncio.ensure_future(go.wait()), asyncio.ensure_future(stop.wait())]
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for wait in waits:
+            wait.cancel()
+        return go.is_set() and not stop.is_set()
+    finally:
+        loop.remove_signal_handler(signal.SIGUSR1)
+
+
+async def serve(fleet: Fleet, ready_file: Path | None, profile: Profile, park_file: Path | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
+        if park_file is not None and not await _unpark(park_file, stop):
+            return
         async with fleet:
             for replica in fleet.replicas:
                 lora = ",".join(replica.spec.lora_adapters) or "-"
@@ -145,14 +166,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"extproc sim: error: {exc}", file=sys.stderr)
         return 2
     try:
-        _runner()(serve(fleet, args.ready_file, profile))
+        _runner()(serve(fleet, args.ready_file, profile, args.park_file))
     except OSError as exc:
         print(f"extproc sim: cannot listen: {exc}", file=sys.stderr)
         return 1
     finally:
-        if args.ready_file is not None:
-            with contextlib.suppress(FileNotFoundError):
-                args.ready_file.unlink()
+        for path in (args.ready_file, args.park_file):
+            if path is not None:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
     return 0
 
 

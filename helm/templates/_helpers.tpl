@@ -92,6 +92,22 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 {{- end -}}
 {{- $_ := set $service "admin_host" (get $service "admin_host" | default "0.0.0.0") -}}
 {{- $_ := set $policy "service" $service -}}
+{{- if .Values.keda.enabled -}}
+{{- $autoscaling := get $policy "autoscaling" | default dict -}}
+{{- if .Values.keda.tls.secretName -}}
+{{- if not .Values.keda.tls.clientSecretName -}}
+{{- fail "keda.tls.secretName needs keda.tls.clientSecretName (KEDA's client certificate, for its TriggerAuthentication)" -}}
+{{- end -}}
+{{- $_ := set $autoscaling "grpc_port" (int .Values.keda.grpcPort) -}}
+{{- $_ := set $autoscaling "grpc_host" "0.0.0.0" -}}
+{{- $_ := set $autoscaling "tls" (dict "cert_file" "/etc/extproc/keda-tls/tls.crt" "key_file" "/etc/extproc/keda-tls/tls.key" "client_ca_file" "/etc/extproc/keda-tls/ca.crt") -}}
+{{- else if .Values.keda.allowUnauthenticated -}}
+{{- $_ := set $autoscaling "allow_unauthenticated" true -}}
+{{- else -}}
+{{- fail "keda.enabled needs keda.tls.secretName and keda.tls.clientSecretName (mTLS: KEDA authenticates with a client certificate), or keda.allowUnauthenticated: true where only Envoy and KEDA reach the gRPC port" -}}
+{{- end -}}
+{{- $_ := set $policy "autoscaling" $autoscaling -}}
+{{- end -}}
 {{- $loopback := list "127.0.0.1" "localhost" "::1" -}}
 {{- if has $service.admin_host $loopback -}}
 {{- fail "policy.service.admin_host is a loopback address: kubelet probes and Prometheus could not reach the admin port; use 0.0.0.0" -}}
@@ -186,6 +202,8 @@ Defaults below are the policy schema's (extproc/config/schema.py); tests/helm ch
 
 {{/* Settings read from the effective policy, with the schema's defaults. */}}
 {{- define "extproc.grpcPort" -}}{{ int (dig "service" "grpc_port" 9002 .Values.policy) }}{{- end -}}
+{{- define "extproc.kedaTls" -}}{{ if and .Values.keda.enabled .Values.keda.tls.secretName }}true{{ end }}{{- end -}}
+{{- define "extproc.scalerPort" -}}{{ ternary (int .Values.keda.grpcPort) (include "extproc.grpcPort" . | int) (not (empty (include "extproc.kedaTls" .))) }}{{- end -}}
 {{- define "extproc.adminPort" -}}{{ int (dig "service" "admin_port" 9003 .Values.policy) }}{{- end -}}
 {{- define "extproc.listenPort" -}}{{ int (dig "envoy" "listen_port" 8080 .Values.policy) }}{{- end -}}
 {{- define "extproc.clusterHeader" -}}{{ dig "envoy" "cluster_header" "x-gateway-pool" .Values.policy }}{{- end -}}

@@ -14,6 +14,8 @@ from extproc.config import parse_policy
 from tests.helm.chart import FULLNAME, NAMESPACE, Chart, HelmError, chart_values, kinds, policy_text
 
 SCHEMA = Path(__file__).parent / "schemas" / "scaledobject.crd-schema.json"
+AUTH_SCHEMA = Path(__file__).parent / "schemas" / "triggerauthentication.crd-schema.json"
+TLS = {"tls": {"secretName": "scaler-tls", "clientSecretName": "keda-client-tls"}}
 POOLS = [{"pool": "llama-8b", "scaleTargetRef": {"name": "vllm-llama"}, "maxReplicaCount": 8},
          {"pool": "qwen-embed", "scaleTargetRef": {"kind": "StatefulSet", "name": "vllm-embed"},
           "minReplicaCount": 1, "cooldownPeriod": 60}]
@@ -32,17 +34,17 @@ def strict(schema: Any) -> Any:
     return schema
 
 
-def validator() -> jsonschema.Draft202012Validator:
-    schema = strict(json.loads(SCHEMA.read_text(encoding="utf-8")))
+def validator(path: Path = SCHEMA, kind: str = "ScaledObject") -> jsonschema.Draft202012Validator:
+    schema = strict(json.loads(path.read_text(encoding="utf-8")))
     schema["properties"]["apiVersion"] = {"const": "keda.sh/v1alpha1"}
-    schema["properties"]["kind"] = {"const": "ScaledObject"}
+    schema["properties"]["kind"] = {"const": kind}
     return jsonschema.Draft202012Validator(schema)
 
 
 def values(**keda: Any) -> dict[str, Any]:
     policy = copy.deepcopy(chart_values()["policy"])
     policy["autoscaling"] = {"enabled": True}
-    return {"policy": policy, "keda": {"enabled": True, "pools": POOLS, **keda}}
+    return {"policy": policy, "keda": {"enabled": True, "pools": POOLS, **(keda or TLS)}}
 
 
 def test_no_scaled_object_unless_enabled(chart: Chart) -> None:
@@ -59,13 +61,53 @@ def test_one_scaled_object_per_pool_validates_against_kedas_crd_schema(chart: Ch
     first, second = (o["spec"] for o in scaled)
     (trigger,) = first["triggers"]
     assert trigger["type"] == "external-push" and trigger["metricType"] == "AverageValue"
-    assert trigger["metadata"] == {"scalerAddress": f"{FULLNAME}.{NAMESPACE}.svc.cluster.local:9002",
+    assert trigger["metadata"] == {"scalerAddress": f"{FULLNAME}.{NAMESPACE}.svc.cluster.local:9004",
                                    "pool": "llama-8b"}
+    assert trigger["authenticationRef"] == {"name": f"{FULLNAME}-keda-tls"}
     assert (first["minReplicaCount"], first["maxReplicaCount"], first["cooldownPeriod"]) == (0, 8, 300)
     assert second["scaleTargetRef"] == {"kind": "StatefulSet", "name": "vllm-embed"}
     assert (second["minReplicaCount"], second["cooldownPeriod"]) == (1, 60)
-    # The policy the chart ships with them serves the scaler.
-    assert parse_policy(policy_text(objects), "configmap").autoscaling.enabled
+    # The policy the chart ships with them serves the scaler, on its own port with mTLS.
+    autoscaling = parse_policy(policy_text(objects), "configmap").autoscaling
+    assert autoscaling.enabled and autoscaling.grpc_port == 9004 and autoscaling.grpc_host == "0.0.0.0"
+    assert autoscaling.tls is not None and autoscaling.tls.client_ca_file == "/etc/extproc/keda-tls/ca.crt"
+
+
+def test_the_trigger_authentication_hands_keda_its_client_certificate(chart: Chart) -> None:
+    objects = chart.template(values())
+    (auth,) = [o for o in objects if o["kind"] == "TriggerAuthentication"]
+    check = validator(AUTH_SCHEMA, "TriggerAuthentication")
+    check.validate(auth)
+    for broken in ({"secretTargetRef": [{"parameter": "caCert", "name": "x"}]}, {"secretTargetRefs": []}):
+        with pytest.raises(jsonschema.ValidationError):
+            check.validate({**auth, "spec": broken})
+    assert auth["metadata"]["name"] == f"{FULLNAME}-keda-tls"
+    assert {(r["parameter"], r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]} == {
+        ("caCert", "keda-client-tls", "ca.crt"), ("tlsClientCert", "keda-client-tls", "tls.crt"),
+        ("tlsClientKey", "keda-client-tls", "tls.key")}
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = [c for c in pod["containers"] if c["name"] == "extproc"]
+    assert {"name": "keda", "containerPort": 9004, "protocol": "TCP"} in container["ports"]
+    assert {"name": "keda-tls", "mountPath": "/etc/extproc/keda-tls", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "keda-tls", "secret": {"secretName": "scaler-tls", "defaultMode": 0o440}} in pod["volumes"]
+    services = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == FULLNAME]
+    assert any(p["name"] == "grpc-keda" and p["port"] == 9004 for p in services[0]["spec"]["ports"])
+    (policy,) = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"] == FULLNAME]
+    (rule,) = [r for r in policy["spec"]["ingress"] if r["ports"] == [{"port": "keda", "protocol": "TCP"}]]
+    assert rule["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}]
+
+
+def test_without_tls_only_an_explicit_opt_out_renders(chart: Chart) -> None:
+    assert "keda.allowUnauthenticated" in chart.template_error(values(tls={"secretName": ""}))
+    assert "clientSecretName" in chart.template_error(values(tls={"secretName": "scaler-tls"}))
+    objects = chart.template(values(allowUnauthenticated=True))
+    assert "TriggerAuthentication" not in kinds(objects)
+    (scaled, *_) = [o for o in objects if o["kind"] == "ScaledObject"]
+    assert scaled["spec"]["triggers"][0]["metadata"]["scalerAddress"].endswith(":9002")
+    assert "authenticationRef" not in scaled["spec"]["triggers"][0]
+    autoscaling = parse_policy(policy_text(objects), "configmap").autoscaling
+    assert autoscaling.allow_unauthenticated and autoscaling.grpc_port is None
 
 
 def test_the_strict_schema_rejects_what_kedas_api_would(chart: Chart) -> None:

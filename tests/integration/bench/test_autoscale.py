@@ -29,5 +29,9 @@ async def test_a_short_ramp_scales_from_zero_and_back_without_errors(tmp_path: P
     assert max(ready) >= 2 and ready[-1] == 0  # scaled out from zero under the peak, back to zero after it
     assert report["scale_up_lags_s"] and all(math.isfinite(lag) for lag in report["scale_up_lags_s"])
     assert report["scale_downs_before_window"] == []
+    starts = report["replica_starts"]  # pre-started parked: each listens once its cold start has passed
+    assert len(starts) >= 2 and all(s["cold_start_s"] >= 1.0 for s in starts)
+    assert report["load_follow"] and report["command"]
+    assert report["hold"]["carried_in_flight"] > 0 and report["hold"]["desired_max"] >= 1
     assert report["flow"]["classes"]["standard"]["rejected"] == {}
     assert report_path.with_suffix(".png").stat().st_size > 0

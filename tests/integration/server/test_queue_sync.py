@@ -57,7 +57,8 @@ async def test_replicas_see_each_others_queues_and_forget_a_silent_one(server: R
 
 
 async def test_the_scaler_counts_the_other_replicas_held_requests() -> None:
-    policy = parse_policy("autoscaling: {enabled: true, predict_s: 0, scale_down_stabilization_s: 0}\n"
+    policy = parse_policy("autoscaling: {enabled: true, allow_unauthenticated: true, predict_s: 0,"
+                          " scale_down_stabilization_s: 0}\n"
                           "pools: [{name: chat, model: m, endpoints: ['127.0.0.1:9'], cold_start_timeout_s: 30}]\n")
     runtimes = RuntimeHolder(policy)
     flow = FlowController(lambda: policy.flow_control, lambda pool, now, reserve, enough: Room(0.0, 0, 30.0))

@@ -32,7 +32,8 @@ POLICY: dict[str, Any] = {
     "scheduling": {"scrape": {"interval_ms": 50}},
     "flow_control": {"classes": {"standard": {"priority": 50, "max_wait_s": CLASS_WAIT_S}},
                      "default_class": "standard"},
-    "autoscaling": {"enabled": True, "sample_interval_s": 0.1, "predict_s": 0, "target_per_replica": 6,
+    "autoscaling": {"enabled": True, "allow_unauthenticated": True, "sample_interval_s": 0.1, "predict_s": 0,
+                    "target_per_replica": 6,
                     "scale_down_stabilization_s": STABILISATION_S, "max_streams": 3},
 }
 

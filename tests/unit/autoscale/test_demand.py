@@ -67,3 +67,23 @@ def test_a_past_forecast_is_not_held_by_the_window() -> None:
         flat = demand.observe("p", float(t), 6.0)
     assert flat.trend_per_s == pytest.approx(0.0)
     assert flat.value == 6.0  # the window keeps the highest demand seen, not the forecast made on the way up
+
+
+def test_smoothing_reports_the_mean_of_a_noisy_load_not_its_peaks() -> None:
+    noisy = [4.0, 20.0, 6.0, 18.0, 8.0, 16.0, 12.0, 12.0] * 5  # mean 12, peaks 20
+    raw, smooth = (tracker(predict_s=0, scale_down_stabilization_s=10, smoothing_s=s) for s in (0.0, 4.0))
+    for i, d in enumerate(noisy):
+        first, second = raw.observe("p", i * 0.5, d), smooth.observe("p", i * 0.5, d)
+    assert first.value == 20.0  # the window's highest sample
+    assert second.value == pytest.approx(12.0, abs=1.0)  # the highest 4 s mean: the load's level
+    assert second.demand == 12.0  # the sample itself is kept as it was
+
+
+def test_a_smoothed_rise_shows_in_full_within_the_smoothing_window() -> None:
+    demand = tracker(predict_s=0, scale_down_stabilization_s=0, smoothing_s=2)
+    for i in range(4):
+        demand.observe("p", i * 0.5, 0.0)
+    assert 0 < demand.observe("p", 2.0, 10.0).value < 10.0
+    for t in (2.5, 3.0, 3.5):
+        estimate = demand.observe("p", t, 10.0)
+    assert estimate.value == pytest.approx(10.0)

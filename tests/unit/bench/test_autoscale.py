@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from extproc.bench.autoscale import capacity_rps, configure, direction_changes, follow_lags, phases
+from extproc.bench.autoscale import capacity_rps, configure, demand_lags, direction_changes, follow_lags, phases
 from extproc.bench.keda_controller import desired_replicas
 
 
@@ -52,3 +52,14 @@ def test_the_load_is_a_staircase_up_a_hold_and_down() -> None:
     assert [p for p, *_ in segments].count("hold") == 1
     ends = [start + duration for _, start, duration, _ in segments]
     assert all(abs(end - nxt[1]) < 1e-9 for end, nxt in zip(ends, segments[1:], strict=False))
+
+
+def test_load_follow_counts_from_when_the_offered_load_needs_each_replica() -> None:
+    segments = [("ramp-up", 2.0, 2.0, 5.0), ("ramp-up", 4.0, 2.0, 10.0), ("ramp-up", 6.0, 2.0, 15.0),
+                ("ramp-up", 8.0, 2.0, 20.0), ("hold", 10.0, 5.0, 20.0)]
+    timeline = [{"t": 2.5, "desired": 1.0}, {"t": 6.5, "desired": 2.0}, {"t": 8.5, "desired": 3.0}]
+    rows = demand_lags(segments, 10.0, timeline, [(7.0, 1), (12.0, 2)])
+    assert [(r["replicas"], r["load_needs_at_s"], r["asked_after_s"], r["ready_after_s"]) for r in rows] == [
+        (1, 2.0, 0.5, 5.0), (2, 6.0, 0.5, 6.0)]  # 10 rps is exactly one replica's: 2 only above it
+    rows = demand_lags(segments, 5.0, timeline, [(7.0, 1)])
+    assert [(r["replicas"], r["asked_at_s"], r["ready_at_s"]) for r in rows][-1] == (4, None, None)
