@@ -66,11 +66,13 @@ class PrefixDirectory:
                 break
         return list(found)[:limit]
 
-    def record(self, blocks: Sequence[int], address: str) -> list[int]:
-        """`blocks` were sent to `address`; returns the hashes to share with other replicas: of the blocks that
-        were not known at `address` yet, every `share_every`-th one and the last."""
+    def record(self, blocks: Sequence[int], address: str) -> tuple[int, list[int]]:
+        """`blocks` were sent to `address`. Returns the depth `address` already held (what `match` would have said
+        for it before this call, found in the same pass) and the hashes to share with other replicas: of the
+        blocks that were not known at `address` yet, every `share_every`-th one and the last."""
         index = self._blocks
         fresh: list[int] = []
+        held = 0
         for position, block in enumerate(blocks):
             homes = index.get(block)
             if homes is None:
@@ -78,13 +80,15 @@ class PrefixDirectory:
                 known = False
             else:
                 known = address in homes
+                if known:
+                    held = position + 1
                 if not known or homes[-1] != address:
                     index[block] = self._add(homes, address)
                 index.move_to_end(block)
             if not known and ((position + 1) % self.share_every == 0 or position == len(blocks) - 1):
                 fresh.append(block)
         self._trim()
-        return fresh
+        return held, fresh
 
     def learn(self, hashes: Iterable[int], address: str) -> None:
         """Another replica sent prompts with these prefixes to `address`."""

@@ -179,8 +179,7 @@ class PrefixAffinityScorer:
         blocks = request.prefix_blocks
         if not blocks or len(blocks) < self.params.min_blocks:
             return
-        held = self.directory.match(blocks, (endpoint.address,)).get(endpoint.address, 0)
-        fresh = self.directory.record(blocks, endpoint.address)
+        held, fresh = self.directory.record(blocks, endpoint.address)
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:
