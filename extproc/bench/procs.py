@@ -12,7 +12,9 @@ import asyncio
 import contextlib
 import os
 import re
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -200,6 +202,7 @@ class ProcessGroup:
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
         self._die_with_parent = die_with_parent
+        self._setpriv = shutil.which("setpriv") if die_with_parent and sys.platform.startswith("linux") else None
         self._children: list[Child] = []
 
     @property
@@ -214,10 +217,18 @@ class ProcessGroup:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{name}.log"
         full_env = {**os.environ, **env} if env is not None else None
-        hook = die_with_parent() if self._die_with_parent else None
+        command, hook = list(argv), None
+        if self._die_with_parent:
+            # setpriv (util-linux) sets the parent-death signal and execs the command. A Python preexec hook is
+            # the fallback only: Python code in a child forked from a process with gRPC threads (a test holding
+            # a gRPC client) can crash before exec (seen: SIGSEGV in the child).
+            if self._setpriv is not None:
+                command = [self._setpriv, "--pdeathsig", "TERM", "--", *argv]
+            else:
+                hook = die_with_parent()
         with log_path.open("ab") as log:
             process = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
+                *command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
                 env=full_env, cwd=cwd, start_new_session=True, preexec_fn=hook,
             )
         pidfd: int | None = None
