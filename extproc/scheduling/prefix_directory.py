@@ -30,7 +30,7 @@ class _Walk:
 
     __slots__ = ("blocks", "complete", "depths", "tails", "version")
 
-    def __init__(self, blocks: tuple[int, ...], version: int, index: Mapping[int, tuple[str, ...]]) -> None:
+    def __init__(self, blocks: Sequence[int], version: int, index: Mapping[int, tuple[str, ...]]) -> None:
         self.blocks = blocks
         self.version = version
         homes = list(map(index.get, blocks))
@@ -68,11 +68,12 @@ class PrefixDirectory:
         return len(self._blocks)
 
     def _walk(self, blocks: Sequence[int]) -> _Walk:
-        chain = blocks if type(blocks) is tuple else tuple(blocks)
+        """The walk of `blocks`: the last one when it read this very tuple (a decision's calls pass the request's
+        own) and no home changed since."""
         walked = self._walked
-        if walked is None or walked.version != self._version or (walked.blocks is not chain
-                                                                  and walked.blocks != chain):
-            walked = self._walked = _Walk(chain, self._version, self._blocks)
+        if (walked is None or walked.blocks is not blocks or walked.version != self._version
+                or type(blocks) is not tuple):
+            walked = self._walked = _Walk(blocks, self._version, self._blocks)
         return walked
 
     def match(self, blocks: Sequence[int], present: Iterable[str]) -> dict[str, int]:
