@@ -25,8 +25,8 @@ __all__ = ["PrefillBacklog", "PrefixDirectory"]
 
 class _Walk:
     """One reading of a chain: each endpoint holding some prefix of it and the depth of its deepest one, found in
-    C over the whole chain (no Python work per block). `match`, `holders` and `record` of one decision share it:
-    the directory keeps the last one until a home changes."""
+    C over the whole chain (no Python work per block, only per distinct homes tuple). `match`, `holders` and
+    `record` of one decision share it: the directory keeps the last one until a home changes."""
 
     __slots__ = ("blocks", "complete", "depths", "tails", "version")
 
@@ -35,9 +35,14 @@ class _Walk:
         self.version = version
         homes = list(map(index.get, blocks))
         # Blocks recorded together share one homes tuple (`record` builds each distinct one once), so a chain
-        # holds few distinct tuples: by identity, each one's deepest position (later positions overwrite).
-        deepest = dict(zip(map(id, homes), range(len(homes)), strict=True))
-        self.complete = deepest.pop(id(None), None) is None  # every block has a home
+        # holds few distinct tuples: each one's deepest position (later positions overwrite). Equal tuples hold
+        # the same endpoints: one entry for them is enough. One tuple for the whole chain is the usual case.
+        count = len(homes)
+        if count and homes.count(homes[-1]) == count:
+            deepest = {homes[-1]: count - 1}
+        else:
+            deepest = dict(zip(homes, range(count), strict=True))
+        self.complete = deepest.pop(None, None) is None  # every block has a home
         positions = sorted(deepest.values(), reverse=True)
         distinct = [homes[position] or () for position in positions]
         # The deepest first; at one depth the most recent home first: the order of reading the chain from its
