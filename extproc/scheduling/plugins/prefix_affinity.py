@@ -71,18 +71,11 @@ class Params:
     # A home must have been hot this long before its prefix is placed elsewhere (0: at once): a burst that an
     # engine clears within a few steps is cheaper to wait out than a full prefill of the prefix elsewhere.
     hot_hold_ms: float = 300.0
-    # A home is left only while its engine also queues: at least this many requests waiting at its last scrape
-    # (vllm:num_requests_waiting; 0: the load bound alone decides). The bound is relative to the pool's average,
-    # so a prefix hot enough to double its home's load crossed it while the engine still had seats and steps to
-    # spare; spreading it then costs a full prefill elsewhere and buys nothing.
-    spread_waiting: int = 0
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
 
     def __post_init__(self) -> None:
         if self.anchor_blocks < 1 or self.index_capacity < 1 or self.homes < 1 or self.min_blocks < 0:
             raise ValueError("anchor_blocks, index_capacity and homes must be >= 1, min_blocks >= 0")
-        if self.spread_waiting < 0:
-            raise ValueError("spread_waiting must be >= 0")
         if self.load_bound < 1.0 or self.load_slack < 0.0 or self.prefill_decay_ms < 0.0 or self.hot_hold_ms < 0.0:
             raise ValueError("load_bound must be >= 1.0, load_slack, prefill_decay_ms and hot_hold_ms >= 0")
         if not 0.0 <= self.spill_score <= 1.0:
@@ -125,19 +118,12 @@ class PrefixAffinityScorer:
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
-            addresses[i], loads[i] > hot and self._queueing(request, endpoints[i]), request.now)]
+            addresses[i], loads[i] > hot, request.now)]
         if follow:
             home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             order.remove(home)
             order.insert(0, home)
         return order
-
-    def _queueing(self, request: SchedulingRequest, endpoint: Endpoint) -> bool:
-        """Whether the engine queues enough for its prefixes to be placed elsewhere (`spread_waiting`)."""
-        if self.params.spread_waiting <= 0:
-            return True
-        metrics = request.load.fresh(endpoint, request.now)
-        return metrics is not None and metrics.waiting >= self.params.spread_waiting
 
     def _held_hot(self, address: str, hot: bool, now: float) -> bool:
         """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold

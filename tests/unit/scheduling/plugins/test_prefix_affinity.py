@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from collections import Counter
 
-import pytest
-
 from extproc.config.schema import SchedulingConfig
 from extproc.endpoints import Endpoint
 from extproc.scheduling import Scheduler
@@ -91,30 +89,6 @@ def test_a_home_hot_for_less_than_the_hold_keeps_its_prefix() -> None:
     assert home(scorer, SYSTEMS[0] + " q6", endpoints, now=NOW + 1.5) == first
     assert home(scorer, SYSTEMS[0] + " q7", endpoints, now=NOW + 1.7) == first
     assert home(scorer, SYSTEMS[0] + " q8", endpoints, now=NOW + 1.81) != first
-
-
-def test_with_spread_waiting_a_hot_home_keeps_its_prefix_until_its_engine_queues() -> None:
-    endpoints = fleet(8)
-    scorer = PrefixAffinityScorer("p", Params(hot_hold_ms=0, spread_waiting=2))
-    first = send(scorer, SYSTEMS[0] + " q0", endpoints)
-    address = endpoints[first].address
-    endpoints[first] = endpoint(address, running=30, waiting=1)  # hot (average 3.75, hot at 13.6), one waiting
-    assert home(scorer, SYSTEMS[0] + " q1", endpoints) == first
-    endpoints[first] = endpoint(address, running=30, waiting=2)  # queueing: the prefix gains a home
-    assert home(scorer, SYSTEMS[0] + " q2", endpoints) != first
-    endpoints[first] = endpoint(address, running=30, waiting=5, age=2.0)  # a stale scrape shows no queue
-    assert home(scorer, SYSTEMS[0] + " q3", endpoints) == first
-    endpoints[first] = endpoint(address, running=4, waiting=5)  # queueing but not hot: stays (relative bound)
-    assert home(scorer, SYSTEMS[0] + " q4", endpoints) == first
-    default = PrefixAffinityScorer("p", Params(hot_hold_ms=0))  # spread_waiting 0: the bound alone
-    default.observe(request(SYSTEMS[0] + " q0"), endpoints[first])
-    endpoints[first] = endpoint(address, running=30)
-    assert home(default, SYSTEMS[0] + " q5", endpoints) != first
-
-
-def test_spread_waiting_must_not_be_negative() -> None:
-    with pytest.raises(ValueError, match="spread_waiting"):
-        Params(spread_waiting=-1)
 
 
 def test_a_conversation_follows_its_deepest_prefix_then_falls_back_to_its_system_prompt() -> None:
