@@ -20,6 +20,7 @@ RUNS = {
     "hold-uniform80": "uniform", "hold-drift40": "drift",
     "waiting-drift40": "drift", "waiting-uniform80": "uniform", "waiting-zipf80": "zipf",
     "uniform40": "uniform", "zipf40": "zipf", "multi-turn40": "multi-turn", "mixed": "mixed", "drift80": "drift",
+    "fix-uniform40": "uniform", "fix-uniform80": "uniform", "fix-zipf80": "zipf",
 }
 TABLE = [("strategy", "strategy"), ("load", "load"), ("qps", "req/s"), ("hit_rate", "hit"),
          ("hit_rate_range", "hit range"), ("ttft_p50_ms", "TTFT p50"), ("ttft_p90_ms", "p90"),
