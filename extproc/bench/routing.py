@@ -72,7 +72,7 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
     envoy_only = strategy in ENVOY_STRATEGIES
     alone = envoy_only or strategy in PEERS  # no service of ours in the stack
     replicas = plan.service_replicas(strategy)
-    shared: dict[str, Any] = {}
+    shared: dict[str, Any] = {"scheduling": plan.scheduling} if plan.scheduling and not alone else {}
     if not alone and replicas > 1:  # the replicas' shared store: limits, in-flight counts, placements
         port = free_ports(1)[0]
         await start_redis(group, port)
@@ -203,7 +203,7 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "wall_s": wall, "saturation_limit_cores": SATURATED_CORES,
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
-        "command": _command(args),
+        "command": _command(args), "scheduling": plan.scheduling,
     }
 
 

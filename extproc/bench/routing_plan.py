@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import math
 import tempfile
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from extproc.bench.routing_workloads import (
 )
 from extproc.bench.stack import SimPool
 from extproc.config.schema import BUILTIN_PROFILES
+from extproc.scheduling.config import SchedulingConfig
 from extproc.sim.profile import load_profile
 
 __all__ = ["BASE_PROFILE", "DEFAULT_STRATEGIES", "WORKLOADS", "Layout", "Plan", "configure", "layout_for",
@@ -157,6 +158,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: one point (the highest load or the first --qps), 20 s, 3 s warm-up")
     parser.add_argument("--workdir", default=None, help="where configs and logs go (default: a temp directory)")
+    parser.add_argument("--scheduling", default=None, metavar="FILE",
+                        help="YAML with `plugins:` and `profiles:` added to the service's `scheduling:` section "
+                             "(variants of a profile to compare in one run, e.g. a plugin parameter changed); "
+                             "--strategies may name its profiles, with the same suffixes as a built-in one")
 
 
 @dataclass(frozen=True)
@@ -179,6 +184,7 @@ class Plan:
     fleet_sync_ms: int | None
     slo_ttft_s: float
     client_timeout_s: float
+    scheduling: dict[str, Any] = field(default_factory=dict)  # --scheduling: extra plugins and profiles
 
     def service_replicas(self, strategy: str) -> int:
         return service_replicas(strategy, self.replicas)
@@ -192,11 +198,23 @@ class Plan:
         return self.layout.workload(seed, round(rate * (self.warmup_s + DRIFT_AT * self.duration_s)))
 
 
-def _strategies(args: argparse.Namespace, pools: int) -> tuple[str, ...]:
+def _scheduling(path: str | None) -> dict[str, Any]:
+    """The --scheduling file's plugins and profiles, checked as the policy loader would check them."""
+    if path is None:
+        return {}
+    document = yaml.safe_load(Path(path).read_text())
+    if not isinstance(document, dict) or set(document) - {"plugins", "profiles"}:
+        raise ValueError(f"{path}: expected a mapping with plugins: and profiles: only")
+    SchedulingConfig.model_validate(document)  # raises ValueError (pydantic) on a bad entry
+    return document
+
+
+def _strategies(args: argparse.Namespace, pools: int, extra: Mapping[str, Any]) -> tuple[str, ...]:
     strategies = tuple(csv(args.strategies or DEFAULT_STRATEGIES))
-    known = set(ENVOY_STRATEGIES) | set(BUILTIN_PROFILES) | set(PEERS)
+    profiles = set(BUILTIN_PROFILES) | {p["name"] for p in extra.get("profiles", ())}
+    known = set(ENVOY_STRATEGIES) | profiles | set(PEERS)
     unknown = [s for s in strategies if split_strategy(s)[0] not in known
-               or (split_strategy(s)[0] not in BUILTIN_PROFILES and (NOFLOW in s or "@" in s))]
+               or (split_strategy(s)[0] not in profiles and (NOFLOW in s or "@" in s))]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
                          f"(a profile may take {NOFLOW} and @N service replicas)")
@@ -213,7 +231,8 @@ def _strategies(args: argparse.Namespace, pools: int) -> tuple[str, ...]:
 def make_plan(args: argparse.Namespace) -> Plan:
     endpoints = args.endpoints or 8
     layout = layout_for(args.workload, endpoints, PrefixShape.from_args(args))
-    strategies = _strategies(args, len(layout.pools))
+    scheduling = _scheduling(getattr(args, "scheduling", None))
+    strategies = _strategies(args, len(layout.pools), scheduling)
     if args.repeat < 1 or args.replicas < 1 or endpoints < 1 or args.duration <= 0 or args.warmup < 0:
         raise ValueError("--repeat, --replicas and --endpoints must be >= 1, --duration > 0, --warmup >= 0")
     if args.loads is not None and args.qps is not None:
@@ -260,4 +279,5 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 tuple(range(args.seed, args.seed + args.repeat)), duration, warmup, kv_blocks, sizing,
                 capacity.describe() if capacity else {"rps": None, "rule": "not measured", "pools": {}}, out,
                 workdir, profile_path, args.stream_chunk_tokens, args.replicas,
-                args.fleet_sync_ms, 0.5 if args.slo_ttft is None else args.slo_ttft, args.client_timeout)
+                args.fleet_sync_ms, 0.5 if args.slo_ttft is None else args.slo_ttft, args.client_timeout,
+                scheduling)

@@ -74,6 +74,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stream-chunk-tokens", type=int, default=16,
                         help="tokens per SSE chunk from the simulator: fewer chunks leave more of a small machine's "
                              "CPU to the engines and routers (TTFT is the first token, sent alone) (default 16)")
+    parser.add_argument("--scheduling", default=None, metavar="FILE",
+                        help="YAML of extra scheduling plugins and profiles for every case (see extproc bench "
+                             "routing --help); --strategies may name its profiles")
     parser.add_argument("--out", default="reports/routing", help="report directory (default %(default)s)")
     parser.add_argument("--summary-only", action="store_true",
                         help="run nothing: rebuild <out>/README.md from the cases' results.json")
@@ -85,7 +88,8 @@ def _case_args(case: Case, args: argparse.Namespace, out: Path) -> argparse.Name
     configure_routing(parser)
     argv = ["--workload", case.workload, *case.options, "--strategies", strategies, "--loads", args.loads,
             "--repeat", str(args.repeat), "--duration", f"{args.duration:g}", "--warmup", f"{args.warmup:g}",
-            "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--out", str(out / case.name)]
+            "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--out", str(out / case.name),
+            *(("--scheduling", args.scheduling) if args.scheduling else ())]
     parsed = parser.parse_args(argv)
     parsed.command = "extproc bench routing " + " ".join(argv)
     return parsed

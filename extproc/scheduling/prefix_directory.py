@@ -30,7 +30,8 @@ class _Walk:
 
     __slots__ = ("blocks", "complete", "depths", "tails", "version")
 
-    def __init__(self, blocks: Sequence[int], version: int, index: Mapping[int, tuple[str, ...]]) -> None:
+    def __init__(self, blocks: Sequence[int], version: int, index: Mapping[int, tuple[str, ...]],
+                 share_every: int) -> None:
         self.blocks = blocks
         self.version = version
         homes = list(map(index.get, blocks))
@@ -49,10 +50,36 @@ class _Walk:
         # end, an endpoint counted where it first appears.
         depths: dict[str, int] = {}
         for position, held in zip(positions, distinct, strict=True):
+            check = position // share_every * share_every  # confirm_depth(position + 1)
+            confirm = (homes[check - 1] or ()) if check else None
             for address in reversed(held):
-                depths.setdefault(address, position + 1)
+                if address not in depths:
+                    if confirm is not None and address not in confirm:
+                        # Rare (a hash collision, a chain trimmed at its start): read block by block instead.
+                        depths = _confirmed_depths(homes, share_every)
+                        break
+                    depths[address] = position + 1
+            else:
+                continue
+            break
         self.depths = depths
         self.tails = {held[-1] for held in distinct}  # the most recent home of each block
+
+
+def _confirmed_depths(homes: Sequence[tuple[str, ...] | None], share_every: int) -> dict[str, int]:
+    """Each endpoint's deepest depth d at which it is a home and also one at `confirm_depth(d)`, read block by
+    block from the end of the chain (the deepest first; at one depth, the most recent home first)."""
+    depths: dict[str, int] = {}
+    for position in range(len(homes) - 1, -1, -1):
+        held = homes[position]
+        if held is None:
+            continue
+        check = position // share_every * share_every
+        confirm = (homes[check - 1] or ()) if check else None
+        for address in reversed(held):
+            if address not in depths and (confirm is None or address in confirm):
+                depths[address] = position + 1
+    return depths
 
 
 class PrefixDirectory:
@@ -78,13 +105,26 @@ class PrefixDirectory:
         walked = self._walked
         if (walked is None or walked.blocks is not blocks or walked.version != self._version
                 or type(blocks) is not tuple):
-            walked = self._walked = _Walk(blocks, self._version, self._blocks)
+            walked = self._walked = _Walk(blocks, self._version, self._blocks, self.share_every)
         return walked
 
     def match(self, blocks: Sequence[int], present: Iterable[str]) -> dict[str, int]:
-        """For each present endpoint holding some prefix of `blocks`: the depth (blocks) of its deepest one."""
+        """For each present endpoint holding some prefix of `blocks`: the depth (blocks) of its deepest one.
+
+        A home at depth d counts only if it also holds the same chain at `confirm_depth(d)`: block hashes are
+        32 bits, so among the hundred thousand a full directory holds, one of a request's own new blocks (its
+        question) now and then equals a hash recorded for another prompt at another endpoint, which would
+        otherwise be taken for the request's deepest prefix (measured on issue 15's uniform workload: about one
+        request in 1,000 sent away from its prefix's home, a full prefill there). Two collisions in one chain
+        that agree on an endpoint are not a concern. `holders` and `record` read depths the same way."""
         depths = self._walk(blocks).depths
         return {address: depths[address] for address in present if address in depths}
+
+    def confirm_depth(self, depth: int) -> int:
+        """The depth at which a home at `depth` must hold the same chain (0: none): the last multiple of
+        `share_every` below it, a block every home knows, whether it recorded the chain or learned it from
+        another replica (every `share_every`-th block and the last)."""
+        return (depth - 1) // self.share_every * self.share_every
 
     def holders(self, blocks: Sequence[int], limit: int) -> list[str]:
         """Up to `limit` endpoints holding some prefix of `blocks`, the deepest holders first (for a large pool,
@@ -103,6 +143,7 @@ class PrefixDirectory:
         self._version += 1
         fresh: list[int] = []
         held = 0
+        had: list[bool] = []  # whether `address` held each block before this call, as `match` would have seen it
         added: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id(homes) -> (homes, with `address`)
         alone = (address,)
         for position, block in enumerate(blocks):
@@ -112,11 +153,13 @@ class PrefixDirectory:
                 known = False
             else:
                 known = address in homes
-                if known:
+                check = self.confirm_depth(position + 1)
+                if known and (not check or had[check - 1]):
                     held = position + 1
                 if not known or homes[-1] != address:
                     index[block] = self._add(homes, address, added)
                 index.move_to_end(block)
+            had.append(known)
             if not known and ((position + 1) % self.share_every == 0 or position == len(blocks) - 1):
                 fresh.append(block)
         self._trim()

@@ -11,6 +11,8 @@ from extproc.bench import routing, routing_plan
 from extproc.bench.loadgen import RequestSpec
 from extproc.bench.routing_envoy import POOL_HEADER
 from extproc.bench.routing_report import aggregate, series, write_reports
+from extproc.bench.stack import Stack, build_policy
+from extproc.config import parse_policy
 from extproc.sim.profile import load_profile
 
 SMALL = ("--groups", "8", "--prefix-tokens", "200", "--question-tokens", "20")  # cheap to measure
@@ -68,6 +70,40 @@ def test_plan_rejects_bad_input(tmp_path: Path) -> None:
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "1", "--loads", "0.5"))
     with pytest.raises(ValueError, match="two pools"):
         routing_plan.make_plan(_args(tmp_path, "--workload", "mixed-models", "--endpoints", "1"))
+
+
+VARIANT = {
+    "plugins": [{"name": "v-prefix", "type": "prefix-affinity-scorer", "parameters": {"hot_hold_ms": 0}},
+                {"name": "v-pick", "type": "max-score-picker"}],
+    "profiles": [{"name": "variant", "plugins": [{"pluginRef": "v-prefix", "weight": 3}, {"pluginRef": "v-pick"}]}],
+}
+
+
+def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) -> None:
+    path = tmp_path / "variant.yaml"
+    path.write_text(yaml.safe_dump(VARIANT))
+    plan = routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--scheduling", str(path),
+                                        "--strategies", "default,variant,variant+noflow@2"))
+    assert plan.strategies == ("default", "variant", "variant+noflow@2") and plan.scheduling == VARIANT
+    pools = plan.layout.pools
+    document = build_policy(pools, {pools[0].name: [9001, 9002]}, [9100, 9101, 9102, 9103],
+                            extra={"scheduling": plan.scheduling})  # as stack.prepare writes it (no ports taken)
+    policy_path = tmp_path / "policy.yaml"
+    policy_path.write_text(yaml.safe_dump(document))
+    stack = Stack(tmp_path, parse_policy(policy_path.read_text(), str(policy_path)), policy_path,
+                  tmp_path / "envoy", {pools[0].name: [9001, 9002]}, [(9100, 9101)])
+    routing._use_profile(stack, plan.layout.pools, "variant+noflow")
+    assert {p.profile for p in stack.policy.pools} == {"variant"} and not stack.policy.flow_control.enabled
+    assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
+    with pytest.raises(ValueError, match="unknown strategies"):  # without the file, the profile is unknown
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--strategies", "variant"))
+    broken = {**VARIANT, "profiles": [{"name": "variant", "plugins": [{"pluginRef": "saturation"}]}]}
+    path.write_text(yaml.safe_dump(broken))  # a policy's profile may not name a built-in plugin
+    with pytest.raises(ValueError, match="unknown plugin"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--scheduling", str(path)))
+    path.write_text(yaml.safe_dump({**VARIANT, "scrape": {}}))
+    with pytest.raises(ValueError, match="plugins: and profiles: only"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--scheduling", str(path)))
 
 
 async def test_overload_rejects_unknown_strategies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,12 +20,17 @@ class WalkingDirectory:
         self.capacity, self.homes, self.share_every = capacity, homes, share_every
         self.blocks: OrderedDict[int, tuple[str, ...]] = OrderedDict()
 
+    def confirmed(self, blocks: Sequence[int], depth: int, address: str) -> bool:
+        """A home at `depth` counts only if it also holds the chain at the last multiple of share_every below."""
+        check = (depth - 1) // self.share_every * self.share_every
+        return not check or address in self.blocks.get(blocks[check - 1], ())
+
     def match(self, blocks: Sequence[int], present: Iterable[str]) -> dict[str, int]:
         wanted = set(present)
         found: dict[str, int] = {}
         for depth in range(len(blocks), 0, -1):
             for address in self.blocks.get(blocks[depth - 1], ()):
-                if address in wanted and address not in found:
+                if address in wanted and address not in found and self.confirmed(blocks, depth, address):
                     found[address] = depth
         return found
 
@@ -33,17 +38,21 @@ class WalkingDirectory:
         found: dict[str, None] = {}
         for depth in range(len(blocks), 0, -1):
             for address in reversed(self.blocks.get(blocks[depth - 1], ())):
-                found.setdefault(address)
+                if self.confirmed(blocks, depth, address):
+                    found.setdefault(address)
         return list(found)[:limit]
 
     def record(self, blocks: Sequence[int], address: str) -> tuple[int, list[int]]:
         fresh: list[int] = []
         held = 0
+        had: list[bool] = []
         for position, block in enumerate(blocks):
             homes = self.blocks.get(block)
             known = homes is not None and address in homes
-            if known:
+            check = (position // self.share_every) * self.share_every
+            if known and (not check or had[check - 1]):
                 held = position + 1
+            had.append(known)
             if homes is None or homes[-1] != address:
                 self.blocks[block] = self._add(homes or (), address)
             self.blocks.move_to_end(block)
