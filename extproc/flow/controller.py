@@ -32,10 +32,12 @@ GO: Final = "go"
 EXPIRY_MARGIN_S: Final = 0.05
 # A class's `reserve` applies only while its pool is saturated: while seats free up slower than one per
 # RESERVE_FREED_INTERVAL_S (about an engine step: a pool filling from idle, whose requests all started together,
-# frees none for a whole request's time), or once requests have queued here without a break for SATURATED_AFTER_S
-# (as long as the engine queue `saturation.sustain_ms` asks for by default). Otherwise a held higher class gets the
-# next free seat within about a step, and the reserve would only hold lower classes while engines have seats. The
-# rate of freed seats decays over FREED_TAU_S.
+# frees none for a whole request's time) and, if a request queued then, until the queue empties (the first
+# completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); or
+# once requests have queued here without a break for SATURATED_AFTER_S (as long as the engine queue
+# `saturation.sustain_ms` asks for by default). Otherwise a held higher class gets the next free seat within about
+# a step, and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
+# over FREED_TAU_S.
 RESERVE_FREED_INTERVAL_S: Final = 0.05
 SATURATED_AFTER_S: Final = 1.0
 FREED_TAU_S: Final = 0.5
@@ -160,6 +162,7 @@ class _Pool:
     freed_per_s: float = 0.0  # routed requests finished per second (decaying over FREED_TAU_S), at freed_at
     freed_at: float = 0.0
     held_since: float = -1.0  # since when requests have been queued here without a break (-1: none queued)
+    latched: bool = False  # a request queued while seats freed slowly: saturated until the queue empties
     stale_decisions: int = 0  # offers decided on stale/missing metrics
     classes: dict[str, _ClassStats] = field(default_factory=dict)
 
@@ -229,6 +232,8 @@ class FlowController:
         ticket.cold = room.cold_s > 0
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
+        if self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0:
+            pool.latched = True
         self._track(pool, now)
         pool.stats(klass).queued += 1
         if ticket.cold:
@@ -285,6 +290,7 @@ class FlowController:
         """After the queue changed: since when it has held requests without a break."""
         if not pool.queue:
             pool.held_since = -1.0
+            pool.latched = False
         elif pool.held_since < 0:
             pool.held_since = now
 
@@ -295,7 +301,7 @@ class FlowController:
     def _reserve(self, pool: _Pool, reserve: float, now: float) -> float:
         """The reserve a class keeps now: its own while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
         none while seats free often and nothing has queued for long (a busy pool below saturation)."""
-        if (reserve > 0 and self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S >= 1.0
+        if (reserve > 0 and not pool.latched and self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S >= 1.0
                 and (pool.held_since < 0 or now - pool.held_since < SATURATED_AFTER_S)):
             return _NO_RESERVE
         return reserve

@@ -168,12 +168,16 @@ def test_a_pools_room_is_counted_only_as_far_as_needed() -> None:
     assert Room.of(rooms([])) == Room(math.inf, 0)
 
 
-async def test_the_reserve_applies_while_seats_free_slowly_or_requests_queue_for_long_and_not_otherwise() -> None:
+async def test_the_reserve_applies_while_the_pool_is_saturated_and_not_while_seats_free_often() -> None:
     fleet = Fleet(room=1)  # one seat, which standard's reserve (0.2 x 10 seats) keeps for critical
     flow = controller(fleet)
     held = flow.offer("p", "t", "standard", 10)
     assert isinstance(held, Ticket)  # no request has finished yet (a pool filling from idle): the reserve holds
-    flow.leave(held)
+    for _ in range(20):  # the onset's first completions: what queued meanwhile still leaves the reserve free
+        fleet.now += 0.01
+        flow.finished("p")
+    assert not held.granted
+    flow.leave(held)  # the queue is empty: the pool is no longer saturated
     for _ in range(20):  # requests finish every 10 ms: a queued critical request would get a seat at once
         fleet.now += 0.01
         flow.finished("p")
