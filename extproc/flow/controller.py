@@ -37,10 +37,11 @@ EXPIRY_MARGIN_S: Final = 0.05
 # once requests have queued here without a break for SATURATED_AFTER_S (as long as the engine queue
 # `saturation.sustain_ms` asks for by default). Otherwise a held higher class gets the next free seat within about
 # a step, and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
-# over FREED_TAU_S.
+# over FREED_TAU_S: short, so that the lull after a busy period (its requests done, the new ones not yet) shows
+# within a few steps, before an overload that starts then has filled the seats kept for higher classes.
 RESERVE_FREED_INTERVAL_S: Final = 0.05
 SATURATED_AFTER_S: Final = 1.0
-FREED_TAU_S: Final = 0.5
+FREED_TAU_S: Final = 0.1
 # The reserve of a class whose reserve does not apply now: no seat kept, but above 0, so it does not probe past a
 # learned capacity as the top class does (`LoadModel.capacity`).
 _NO_RESERVE: Final = 1e-9
