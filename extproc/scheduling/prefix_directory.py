@@ -3,8 +3,10 @@
 A prompt's chained block hashes (`extproc.scheduling.prefix`) name its prefixes: hash i stands for the whole
 text up to block i. The directory maps a block hash to the endpoints ("homes") that were sent a prompt with
 that prefix, most recent last, at most `homes` of them, and keeps at most `capacity` hashes (least recently
-used out). A request's deepest prefix with a home is then found by probing its own chain from the end, and
-every home of it has (had) that prefix cached.
+used out). Every endpoint holding a prefix of a request's chain, and the depth of its deepest one, is then
+read from the chain's homes, and every home of a prefix has (had) it cached. One decision reads its chain once:
+the candidates' depths (`match`), the homes to nominate (`holders`) and what the pick already held (`record`)
+come from one walk (in C, no Python work per block); a chain followed again only refreshes its recency.
 
 What one service replica learns, the others can learn too: `record` returns the hashes that were new for
 that endpoint (every `share_every`-th one and the last, enough to find a chain from any later request that
@@ -14,14 +16,47 @@ extends it, to within that many blocks) and `learn` adds such hashes heard from 
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
 
 __all__ = ["PrefillBacklog", "PrefixDirectory"]
 
 
+class _Walk:
+    """One reading of a chain: each endpoint holding some prefix of it and the depth of its deepest one, found in
+    C over the whole chain (no Python work per block, only per distinct homes tuple). `match`, `holders` and
+    `record` of one decision share it: the directory keeps the last one until a home changes."""
+
+    __slots__ = ("blocks", "complete", "depths", "tails", "version")
+
+    def __init__(self, blocks: Sequence[int], version: int, index: Mapping[int, tuple[str, ...]]) -> None:
+        self.blocks = blocks
+        self.version = version
+        homes = list(map(index.get, blocks))
+        # Blocks recorded together share one homes tuple (`record` builds each distinct one once), so a chain
+        # holds few distinct tuples: each one's deepest position (later positions overwrite). Equal tuples hold
+        # the same endpoints: one entry for them is enough. One tuple for the whole chain is the usual case.
+        count = len(homes)
+        if count and homes.count(homes[-1]) == count:
+            deepest = {homes[-1]: count - 1}
+        else:
+            deepest = dict(zip(homes, range(count), strict=True))
+        self.complete = deepest.pop(None, None) is None  # every block has a home
+        positions = sorted(deepest.values(), reverse=True)
+        distinct = [homes[position] or () for position in positions]
+        # The deepest first; at one depth the most recent home first: the order of reading the chain from its
+        # end, an endpoint counted where it first appears.
+        depths: dict[str, int] = {}
+        for position, held in zip(positions, distinct, strict=True):
+            for address in reversed(held):
+                depths.setdefault(address, position + 1)
+        self.depths = depths
+        self.tails = {held[-1] for held in distinct}  # the most recent home of each block
+
+
 class PrefixDirectory:
-    __slots__ = ("_blocks", "capacity", "homes", "share_every")
+    __slots__ = ("_blocks", "_version", "_walked", "capacity", "homes", "share_every")
 
     def __init__(self, capacity: int, homes: int, share_every: int = 4) -> None:
         self.capacity = capacity
@@ -31,59 +66,56 @@ class PrefixDirectory:
         # them, so a full collection does not walk the whole directory (16 ms at 200,000 lists, 4.5 ms at as many
         # tuples, measured), a pause every request then in flight would wait for.
         self._blocks: OrderedDict[int, tuple[str, ...]] = OrderedDict()
+        self._version = 0  # changes whenever a home does: the cached walk is then read again
+        self._walked: _Walk | None = None
 
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def _walk(self, blocks: Sequence[int]) -> _Walk:
+        """The walk of `blocks`: the last one when it read this very tuple (a decision's calls pass the request's
+        own) and no home changed since."""
+        walked = self._walked
+        if (walked is None or walked.blocks is not blocks or walked.version != self._version
+                or type(blocks) is not tuple):
+            walked = self._walked = _Walk(blocks, self._version, self._blocks)
+        return walked
+
     def match(self, blocks: Sequence[int], present: Iterable[str]) -> dict[str, int]:
         """For each present endpoint holding some prefix of `blocks`: the depth (blocks) of its deepest one."""
-        wanted = set(present)
-        found: dict[str, int] = {}
-        index = self._blocks
-        for depth in range(len(blocks), 0, -1):
-            homes = index.get(blocks[depth - 1])
-            if homes is None:
-                continue
-            for address in homes:
-                if address in wanted and address not in found:
-                    found[address] = depth
-            if len(found) == len(wanted):
-                break
-        return found
+        depths = self._walk(blocks).depths
+        return {address: depths[address] for address in present if address in depths}
 
     def holders(self, blocks: Sequence[int], limit: int) -> list[str]:
         """Up to `limit` endpoints holding some prefix of `blocks`, the deepest holders first (for a large pool,
         without naming every endpoint as `match` does)."""
-        found: dict[str, None] = {}
-        index = self._blocks
-        for depth in range(len(blocks), 0, -1):
-            homes = index.get(blocks[depth - 1])
-            if homes is None:
-                continue
-            for address in reversed(homes):
-                found.setdefault(address)
-            if len(found) >= limit:
-                break
-        return list(found)[:limit]
+        return list(islice(self._walk(blocks).depths, limit))
 
     def record(self, blocks: Sequence[int], address: str) -> tuple[int, list[int]]:
         """`blocks` were sent to `address`. Returns the depth `address` already held (what `match` would have said
         for it before this call, found in the same pass) and the hashes to share with other replicas: of the
         blocks that were not known at `address` yet, every `share_every`-th one and the last."""
         index = self._blocks
+        walked = self._walk(blocks)
+        if walked.complete and walked.tails == {address}:  # a chain followed again: only recency changes
+            deque(map(index.move_to_end, blocks), 0)
+            return len(blocks), []
+        self._version += 1
         fresh: list[int] = []
         held = 0
+        added: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id(homes) -> (homes, with `address`)
+        alone = (address,)
         for position, block in enumerate(blocks):
             homes = index.get(block)
             if homes is None:
-                index[block] = (address,)
+                index[block] = alone
                 known = False
             else:
                 known = address in homes
                 if known:
                     held = position + 1
                 if not known or homes[-1] != address:
-                    index[block] = self._add(homes, address)
+                    index[block] = self._add(homes, address, added)
                 index.move_to_end(block)
             if not known and ((position + 1) % self.share_every == 0 or position == len(blocks) - 1):
                 fresh.append(block)
@@ -92,19 +124,28 @@ class PrefixDirectory:
 
     def learn(self, hashes: Iterable[int], address: str) -> None:
         """Another replica sent prompts with these prefixes to `address`."""
+        self._version += 1
         index = self._blocks
+        added: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+        alone = (address,)
         for block in hashes:
             homes = index.get(block)
             if homes is None:
-                index[block] = (address,)
+                index[block] = alone
             elif address not in homes:
-                index[block] = self._add(homes, address)
+                index[block] = self._add(homes, address, added)
         self._trim()
 
-    def _add(self, homes: tuple[str, ...], address: str) -> tuple[str, ...]:
-        """`address` as the most recent home, the oldest dropped beyond `self.homes`."""
-        kept = (*(h for h in homes if h != address), address)
-        return kept[-self.homes:]
+    def _add(self, homes: tuple[str, ...], address: str,
+             added: dict[int, tuple[tuple[str, ...], tuple[str, ...]]]) -> tuple[str, ...]:
+        """`address` as the most recent home, the oldest dropped beyond `self.homes`: built once per distinct
+        `homes` of a call and shared by its blocks (`added` keeps `homes` alive, so no other tuple takes its id)."""
+        known = added.get(id(homes))
+        if known is not None:
+            return known[1]
+        kept = (*(h for h in homes if h != address), address)[-self.homes:]
+        added[id(homes)] = (homes, kept)
+        return kept
 
     def _trim(self) -> None:
         index = self._blocks

@@ -4,6 +4,8 @@ import random
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extproc.config.schema import PluginConfig, PluginRef, ProfileConfig, SchedulingConfig
 from extproc.endpoints import Endpoint
@@ -43,6 +45,20 @@ def test_weights_clamping_and_explain() -> None:
     assert explain.scores[endpoints[0].address] == {"a": 1.0, "b": 0.0}
     assert explain.totals[endpoints[2].address] == 0.0
     assert timings == ["a", "b", "pick"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.one_of(st.floats(), st.integers(-3, 3), st.booleans(), st.just(-0.0)), min_size=3,
+                       max_size=3), weight=st.floats(0.0, 5.0))
+def test_any_score_is_clamped_into_unit_interval_as_a_float(values: list[float], weight: float) -> None:
+    endpoints = fleet(3)
+    profile = Profile("p", (), (WeightedScorer(FixedScorer("a", values), weight),), MaxScorePicker("pick", Params()))
+    explain = Explanation()
+    profile.schedule(request(), endpoints, 3, None, explain)
+    expected = [0.0 if v != v else min(1.0, max(0.0, float(v))) for v in values]  # NaN -> 0
+    got = [explain.scores[e.address]["a"] for e in endpoints]
+    assert [repr(g) for g in got] == [repr(x) for x in expected]  # floats, never -0.0
+    assert [explain.totals[e.address] for e in endpoints] == [weight * x for x in expected]
 
 
 def test_filters_run_before_scoring_and_empty_result() -> None:
