@@ -30,21 +30,21 @@ import random
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from extproc.bench.flowstats import flow_counts
 from extproc.bench.gcwatch import GcPauses
 from extproc.bench.httpclient import HttpClient, RequestError
-from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
+from extproc.bench.loadgen import RequestSpec, run_open_loop
+from extproc.bench.looplag import LoopLagCounts, loop_lag
+from extproc.bench.overload_mix import CLASSES, MIX, Demand, class_rows, fairness, jain, max_min_shares
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import engine_ttft, scrape_metrics
 from extproc.bench.routing_options import NOFLOW, split_strategy
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
-from extproc.bench.stats import percentiles
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
 from extproc.sim.tokens import Tokenizer, render_chat
@@ -61,27 +61,6 @@ MAX_TOKENS = 128
 WARMUP_LOAD = 1.5
 
 
-@dataclass(frozen=True)
-class Demand:
-    klass: str
-    tenant: str
-    tier: str
-    share: float  # of the offered load
-
-
-# Critical 15%, standard 50% over four equal-weight tenants asking 1:1:2:4, sheddable 35%. At 2x the
-# capacity critical + standard ask 1.3x: the standard tenants compete for what critical leaves.
-MIX: tuple[Demand, ...] = (
-    Demand("critical", "crit", "gold", 0.15),
-    Demand("standard", "std-1", "standard", 0.0625),
-    Demand("standard", "std-2", "standard", 0.0625),
-    Demand("standard", "std-3", "standard", 0.125),
-    Demand("standard", "std-4", "standard", 0.25),
-    Demand("sheddable", "batch", "batch", 0.35),
-)
-CLASSES = ("critical", "standard", "sheddable")
-
-
 def capacity_rps(profile: Profile, replicas: int, prompt_tokens: int, mean_output_tokens: float) -> float:
     """Requests/s the fleet completes with every replica saturated (see `Profile.capacity_rps`)."""
     return replicas * profile.capacity_rps(prompt_tokens, mean_output_tokens)
@@ -93,30 +72,6 @@ def prompt_tokens(seed: int, samples: int = 200) -> int:
     tokenizer = Tokenizer(BUILTIN_PROFILES["h100-8b"].vocab_size)
     counts = [len(tokenizer.encode(render_chat(json.loads(specs(i).body)["messages"]))) for i in range(samples)]
     return round(sum(counts) / len(counts))
-
-
-def max_min_shares(demands: Mapping[str, float], total: float) -> dict[str, float]:
-    """Max-min fair split of `total` among `demands` (water-filling)."""
-    shares: dict[str, float] = {}
-    left = dict(demands)
-    remaining = total
-    while left:
-        equal = remaining / len(left)
-        satisfied = {k: d for k, d in left.items() if d <= equal}
-        if not satisfied:
-            shares.update({k: equal for k in left})
-            break
-        for key, demand in satisfied.items():
-            shares[key] = demand
-            remaining -= demand
-            del left[key]
-    return shares
-
-
-def jain(values: Sequence[float]) -> float | None:
-    if not values or not any(values):
-        return None
-    return sum(values) ** 2 / (len(values) * sum(v * v for v in values))
 
 
 def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None = None) -> dict[str, Any]:
@@ -156,54 +111,6 @@ def write_markdown(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
-
-
-def _ms(value: float | None) -> float | None:
-    return None if value is None else round(value * 1000.0, 1)
-
-
-def class_rows(samples: Sequence[Sample], slo_s: float) -> dict[str, dict[str, Any]]:
-    rows: dict[str, dict[str, Any]] = {}
-    for klass in CLASSES:
-        mine = [s for s in samples if s.labels.get("class") == klass]
-        served = [s for s in mine if s.error is None and s.ttft_s is not None]
-        rejected = [s for s in mine if s.status in (429, 503)]
-        ttft = percentiles([s.ttft_s for s in served if s.ttft_s is not None], (50, 99))
-        rows[klass] = {
-            "offered": len(mine), "served": len(served), "rejected": len(rejected),
-            "other_errors": len(mine) - len(served) - len(rejected),
-            "ttft_p50_ms": _ms(ttft["p50"]), "ttft_p99_ms": _ms(ttft["p99"]),
-            "within_slo": sum(1 for s in served if _good(s, slo_s)),
-            "max_reject_s": round(max((s.e2e_s for s in rejected), default=0.0), 3),
-            # When in the run, and where, the slowest first tokens came: a tail has a cause.
-            "slowest": [{"at_s": round(s.start_s, 2), "ttft_ms": _ms(s.ttft_s),
-                         "endpoint": s.headers.get("x-gateway-upstream-host", "-")}
-                        for s in sorted(served, key=lambda s: -(s.ttft_s or 0.0))[:3]],
-        }
-    return rows
-
-
-def _good(sample: Sample, slo_s: float) -> bool:
-    return sample.error is None and sample.ttft_s is not None and sample.ttft_s <= slo_s
-
-
-def _served_within(sample: Sample, window_s: float) -> bool:
-    return sample.error is None and sample.ttft_s is not None and sample.start_s + sample.ttft_s <= window_s
-
-
-def fairness(samples: Sequence[Sample], window_s: float, klass: str = "standard") -> dict[str, Any]:
-    """Jain's index over the class's tenants of service received during the run (requests whose first
-    token came within `window_s` of its start) / max-min fair share of it. A backlog that is served
-    after the run (first come, first served into an unbounded queue) does not count as service."""
-    tenants = sorted({d.tenant for d in MIX if d.klass == klass})
-    offered = {t: sum(1 for s in samples if s.labels.get("tenant") == t) for t in tenants}
-    served = {t: sum(1 for s in samples if s.labels.get("tenant") == t and _served_within(s, window_s))
-              for t in tenants}
-    fair = max_min_shares({t: float(offered[t]) for t in tenants}, float(sum(served.values())))
-    normalised = [served[t] / fair[t] for t in tenants if fair.get(t)]
-    index = jain(normalised)
-    return {"offered": offered, "served": served, "fair_share": {t: round(v, 1) for t, v in fair.items()},
-            "jain": None if index is None else round(index, 3)}
 
 
 async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: int, sim_args: Sequence[str],
@@ -279,6 +186,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
         admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
         flow_before = await flow_counts(client, admin_ports)
+        lag_before = await loop_lag(client, admin_ports)
         flowing = not envoy_only and split_strategy(strategy)[1]
         classes_before = class_counts(await flow_stats(client, stack)) if flowing else {}
         sims = [f"127.0.0.1:{port}" for ports in stack.sim_ports.values() for port in ports]
@@ -298,6 +206,8 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         cores = {k: round((cpu_after[k] - v) / wall, 2) for k, v in cpu_before.items() if k in cpu_after}
         machine = {"loadavg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "cpus": os.cpu_count()}
         flow_run = (await flow_counts(client, admin_ports)) - flow_before
+        # The service's event loop over the run: a stall there delays every request it holds.
+        lag_run: LoopLagCounts = (await loop_lag(client, admin_ports)) - lag_before
         # TTFT as the engines saw it (arrival at the engine to first token, all classes): a tail that is not
         # here came from the path in front of them (service, Envoy, client).
         engines = engine_ttft(engines_before, await scrape_metrics(client, sims))
@@ -311,6 +221,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
         "flow_run_classes": class_counts(flows, classes_before),
+        "service_loop_lag": lag_run.summary(),
         "cores": cores, "machine": machine, "engine_ttft_ms": engines, "client_gc_pauses": pauses.longest(),
     }
 
@@ -320,7 +231,8 @@ TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50
          ("classes.standard.ttft_p50_ms", "std50"), ("classes.standard.ttft_p99_ms", "std99"),
          ("classes.standard.rejected", "std_rej"), ("classes.sheddable.ttft_p99_ms", "shed99"),
          ("classes.sheddable.rejected", "shed_rej"), ("goodput_rps", "goodput"), ("fairness.jain", "jain"),
-         ("engine_ttft_ms.p99", "eng99"),
+         ("engine_ttft_ms.p99", "eng99"), ("service_loop_lag.p99_ms_le", "lag99<="),
+         ("service_loop_lag.max_ms", "lagmax"),
          ("flow_run.queued", "fc_q"), ("flow_run.waited_over_1s", "fc_q>1s"), ("flow_run.rejected", "fc_rej"),
          ("client_timeouts", "timeouts")]
 

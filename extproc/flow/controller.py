@@ -2,8 +2,8 @@
 
 `offer` answers at once on the hot path: GO (room, nothing queued ahead), a `Rejected` (a class that
 may not wait, a full queue), or a `Ticket` to await. Tickets are granted by `kick`, which the owner
-calls whenever room may have appeared (a request finished, a scrape arrived), and expire at their
-class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count against the pool's
+calls whenever room may have appeared (a scrape arrived), or `finished` (a routed request ended), and expire at
+their class's `max_wait_s` (50 ms early, see EXPIRY_MARGIN_S). Granted tickets count against the pool's
 room until the request is routed (`routed`) or abandoned (`leave`), so one kick never grants more
 than there is room for. A client that goes away while queued leaves at once (`leave` from the
 stream's end).
@@ -30,6 +30,21 @@ GO: Final = "go"
 # Queued requests expire this much before their class's max_wait_s (at most 10% of it), so that
 # event-loop lag on a busy process does not push a wait past the limit.
 EXPIRY_MARGIN_S: Final = 0.05
+# A class's `reserve` applies only while its pool is saturated: while seats free up slower than one per
+# RESERVE_FREED_INTERVAL_S (about an engine step: a pool filling from idle, whose requests all started together,
+# frees none for a whole request's time) and, if a request queued then, until the queue empties (the first
+# completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); or
+# once requests have queued here without a break for SATURATED_AFTER_S (as long as the engine queue
+# `saturation.sustain_ms` asks for by default). Otherwise a held higher class gets the next free seat within about
+# a step, and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
+# over FREED_TAU_S: short, so that the lull after a busy period (its requests done, the new ones not yet) shows
+# within a few steps, before an overload that starts then has filled the seats kept for higher classes.
+RESERVE_FREED_INTERVAL_S: Final = 0.05
+SATURATED_AFTER_S: Final = 1.0
+FREED_TAU_S: Final = 0.1
+# The reserve of a class whose reserve does not apply now: no seat kept, but above 0, so it does not probe past a
+# learned capacity as the top class does (`LoadModel.capacity`).
+_NO_RESERVE: Final = 1e-9
 Reason = Literal["saturated", "queue_full", "displaced", "timeout", "cold_start", "adapter_unavailable", "left"]
 
 
@@ -145,6 +160,10 @@ class _Pool:
     queue: FairQueue[Ticket]
     pending: int = 0  # granted, not yet routed
     saturated: bool = False
+    freed_per_s: float = 0.0  # routed requests finished per second (decaying over FREED_TAU_S), at freed_at
+    freed_at: float = 0.0
+    held_since: float = -1.0  # since when requests have been queued here without a break (-1: none queued)
+    latched: bool = False  # a request queued while seats freed slowly: saturated until the queue empties
     stale_decisions: int = 0  # offers decided on stale/missing metrics
     classes: dict[str, _ClassStats] = field(default_factory=dict)
 
@@ -193,11 +212,12 @@ class FlowController:
             self._dispatch(pool_name, pool, now)
         # Whatever is still queued had no room for its class; room for this one means nothing of a
         # class with at most its reserve waits ahead of it.
-        room = self._room(pool_name, now, spec.reserve, pool.pending + 1.0)
+        reserve = self._reserve(pool, spec.reserve, now)
+        room = self._room(pool_name, now, reserve, pool.pending + 1.0)
         if room.stale:
             pool.stale_decisions += 1
         pool.saturated = room.cold_s > 0 or room.requests - pool.pending <= 0
-        if not pool.saturated and not self._ahead(pool, spec.priority, spec.reserve):
+        if not pool.saturated and not self._ahead(pool, spec.priority, reserve, now):
             pool.stats(klass).direct += 1
             return GO
         wait_s = max(spec.max_wait_s, room.cold_s)
@@ -213,6 +233,9 @@ class FlowController:
         ticket.cold = room.cold_s > 0
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
+        if self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0:
+            pool.latched = True
+        self._track(pool, now)
         pool.stats(klass).queued += 1
         if ticket.cold:
             for listener in self.cold_listeners:
@@ -229,6 +252,7 @@ class FlowController:
         """The exchange ended (normally, or the client went away): give back whatever it still holds."""
         pool = self._pool(ticket.pool)
         if pool.queue.remove(ticket):
+            self._track(pool, self._clock())
             pool.stats(ticket.klass).left += 1
             ticket.settle(Rejected(ticket.klass, "left", 499, 0.0, self._clock() - ticket.enqueued))
         elif ticket.granted and not ticket.consumed:
@@ -253,12 +277,42 @@ class FlowController:
             return len(pool.queue) if pool is not None else 0
         return sum(len(p.queue) for p in self._pools.values())
 
-    def _ahead(self, pool: _Pool, priority: int, reserve: float) -> bool:
+    def finished(self, pool_name: str) -> None:
+        """A request routed to `pool_name` ended: its seat is free (counted for `_reserve`); grants what fits."""
+        pool = self._pool(pool_name)
+        now = self._clock()
+        pool.freed_per_s = self._freed_per_s(pool, now) + 1.0 / FREED_TAU_S
+        pool.freed_at = now
+        if pool.queue:
+            self._dispatch(pool_name, pool, now)
+
+    @staticmethod
+    def _track(pool: _Pool, now: float) -> None:
+        """After the queue changed: since when it has held requests without a break."""
+        if not pool.queue:
+            pool.held_since = -1.0
+            pool.latched = False
+        elif pool.held_since < 0:
+            pool.held_since = now
+
+    @staticmethod
+    def _freed_per_s(pool: _Pool, now: float) -> float:
+        return pool.freed_per_s * math.exp(-max(0.0, now - pool.freed_at) / FREED_TAU_S)
+
+    def _reserve(self, pool: _Pool, reserve: float, now: float) -> float:
+        """The reserve a class keeps now: its own while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
+        none while seats free often and nothing has queued for long (a busy pool below saturation)."""
+        if (reserve > 0 and not pool.latched and self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S >= 1.0
+                and (pool.held_since < 0 or now - pool.held_since < SATURATED_AFTER_S)):
+            return _NO_RESERVE
+        return reserve
+
+    def _ahead(self, pool: _Pool, priority: int, reserve: float, now: float) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
         priority: it had no room and neither would this one)."""
         classes = self.config.classes
-        return any(pool.queue.queued(name) and spec.priority >= priority and spec.reserve <= reserve
-                   for name, spec in classes.items())
+        return any(pool.queue.queued(name) and spec.priority >= priority
+                   and self._reserve(pool, spec.reserve, now) <= reserve for name, spec in classes.items())
 
     def _dispatch(self, pool_name: str, pool: _Pool, now: float) -> None:
         """Grant queued requests in rank order while their class has room. A class without room does not
@@ -270,7 +324,7 @@ class FlowController:
             granted = False
             for klass in pool.queue.ranked(now):
                 spec = self.config.classes.get(klass)
-                reserve = spec.reserve if spec is not None else 0.0
+                reserve = self._reserve(pool, spec.reserve if spec is not None else 0.0, now)
                 if reserve not in rooms:
                     rooms[reserve] = self._room(pool_name, now, reserve, math.inf).requests - pool.pending
                 if rooms[reserve] <= 0:
@@ -282,6 +336,7 @@ class FlowController:
                 rooms = {r: left - 1 for r, left in rooms.items()}
                 granted = True
                 break
+        self._track(pool, now)
         pool.saturated = bool(pool.queue)
 
     def _grant(self, pool: _Pool, ticket: Ticket, now: float) -> None:
@@ -298,6 +353,7 @@ class FlowController:
         pool = self._pools.get(ticket.pool)
         if pool is None or not pool.queue.remove(ticket):
             return
+        self._track(pool, self._clock())
         waited = self._clock() - ticket.enqueued
         if self._observe_wait is not None:
             self._observe_wait(ticket.klass, waited)

@@ -41,7 +41,7 @@ class Finish:
             pool = routed.pool
             for lease in routed.leases:
                 lease.release()
-            self._flow.kick(pool)
+            self._flow.finished(pool)
             metrics.in_flight.dec()
             metrics.duration_seconds.labels(pool).observe(self._clock() - routed.at)
         elif exchange.resolved is not None:

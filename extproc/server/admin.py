@@ -27,6 +27,7 @@ from extproc.gateway import Parts, RequestHead, RuntimeHolder
 from extproc.gateway.auth import Authenticator
 from extproc.limits.slices import Slices
 from extproc.rollout.controller import RolloutError, Rollouts
+from extproc.telemetry.loop_lag import LoopLag
 from extproc.tenants import ANONYMOUS, Tenant
 
 __all__ = ["OPEN_PATHS", "build_admin_app"]
@@ -126,6 +127,7 @@ def build_admin_app(
     rollouts: Rollouts | None = None,
     token: str | None = None,
     slices: Slices | None = None,
+    loop_lag: LoopLag | None = None,
 ) -> web.Application:
     explain_bucket = _Bucket(runtimes.current.policy.service.explain_per_s)
     gateway, health = parts.gateway, parts.health
@@ -194,6 +196,10 @@ def build_admin_app(
         """Flow control per pool: queued per class, saturation, counters and the longest wait seen."""
         return web.json_response({"pools": parts.flow.stats()})
 
+    async def loop(_: web.Request) -> web.Response:
+        """The event loop's lag: the last and the largest since start (extproc.telemetry.loop_lag)."""
+        return web.json_response({"loop": loop_lag.describe() if loop_lag is not None else None})
+
     async def rollout_status(_: web.Request) -> web.Response:
         return web.json_response({"rollouts": rollouts.describe() if rollouts is not None else []})
 
@@ -224,5 +230,6 @@ def build_admin_app(
     app.router.add_get("/debug/rollouts", rollout_status)
     app.router.add_get("/debug/flow", flow)
     app.router.add_get("/debug/limits", limits)
+    app.router.add_get("/debug/loop", loop)
     app.router.add_post("/rollouts/{action}", rollout_command)
     return app

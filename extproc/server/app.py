@@ -56,6 +56,7 @@ from extproc.server.tls import CertificateReloader
 from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
+from extproc.telemetry.loop_lag import LoopLag
 from extproc.telemetry.pool_ttft import PoolTtftCollector
 from extproc.telemetry.pools import PoolCollector
 
@@ -115,6 +116,7 @@ class Service:
     queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
     sleep: SleepManager | None = None  # engines of pools with sleep_after_idle_s
     adapters: AdapterManager | None = None  # LoRA adapters of pools with lora_paths
+    loop_lag: LoopLag | None = None  # the event loop's own lag (/debug/loop, extproc_event_loop_lag_seconds)
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -135,6 +137,8 @@ class Service:
         await self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING)
         for name in READY_SERVICES:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        if self.loop_lag is not None:
+            self.loop_lag.start()
         await self.grpc_server.start()
         await self.admin_runner.setup()
         site = web.TCPSite(self.admin_runner, service.admin_host, service.admin_port, reuse_port=True)
@@ -217,6 +221,8 @@ class Service:
             await self.policy_watcher.stop()
         await self.store.close()
         await self.admin_runner.cleanup()
+        if self.loop_lag is not None:
+            self.loop_lag.stop()
         if self.tracer is not None:  # flushes spans still queued for export (blocking: off the loop)
             await asyncio.to_thread(self.tracer.shutdown)
 
@@ -304,9 +310,11 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         metrics.store_admissions.labels("slice").set_function(lambda: float(slices.local_total))
         metrics.store_admissions.labels("awaited").set_function(lambda: float(slices.awaited_total))
         metrics.store_uncovered.set_function(lambda: float(slices.uncovered_total))
+    service.loop_lag = LoopLag(metrics.event_loop_lag_seconds.observe)
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, runtimes, service.ready, parts, rollouts,
-                        read_token(policy.service.admin_token_file), redis.slices if redis is not None else None),
+                        read_token(policy.service.admin_token_file), redis.slices if redis is not None else None,
+                        service.loop_lag),
         access_log=None
     )
     return service

@@ -8,6 +8,7 @@ PHASES = ("request_headers", "request_body", "response_headers", "stream_end", "
 PHASE_CPU = "extproc_phase_cpu_seconds_total"
 STREAMS = "extproc_streams_total"
 _DECISION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 _DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -99,6 +100,9 @@ class GatewayMetrics:
         self.flow_rejected = Counter(
             "extproc_flow_rejected", "Requests shed by flow control, per pool, class and reason "
             "(saturated, queue_full, displaced, timeout)", ["pool", "class", "reason"], registry=registry)
+        self.event_loop_lag_seconds = Histogram(
+            "extproc_event_loop_lag_seconds", "How late the event loop ran a periodic timer (every 100 ms): what "
+            "every callback ready then waited too", buckets=_LAG_BUCKETS, registry=registry)
         self.in_flight = Gauge("extproc_in_flight", "Requests in flight through this process", registry=registry)
         self.config_version = Gauge("extproc_config_version", "Version of the policy snapshot in use",
                                     registry=registry)

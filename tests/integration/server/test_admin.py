@@ -4,16 +4,20 @@ rollout endpoints, CSRF-safe POSTs, a rate-limited explain that never checks key
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 import pytest_asyncio
+from prometheus_client.parser import text_string_to_metric_families
 
 from extproc.config import parse_policy
 from extproc.server.app import Service, build_service
 from extproc.tenants import hash_key
+from tests.support import eventually
 
 pytestmark = pytest.mark.asyncio
 
@@ -73,7 +77,7 @@ async def test_with_a_token_everything_but_health_and_metrics_needs_it(tmp_path:
         for path in ("/metrics", "/healthz", "/readyz"):
             async with http.get(url + path) as response:
                 assert response.status == 200, path
-        for path in ("/debug/pools", "/debug/flow", "/debug/rollouts"):
+        for path in ("/debug/pools", "/debug/flow", "/debug/rollouts", "/debug/loop"):
             async with http.get(url + path) as response:
                 assert response.status == 401, path
             async with http.get(url + path, headers={"authorization": "Bearer wrong"}) as response:
@@ -113,3 +117,42 @@ async def test_explain_decides_as_a_named_tenant_and_is_rate_limited(tmp_path: P
     finally:
         await service.stop(grace_s=0)
 
+
+
+async def test_a_blocked_event_loop_shows_in_debug_loop_and_in_the_lag_histogram(
+        tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    service = await start(tmp_path)
+    url = f"http://127.0.0.1:{service.admin_port}"
+
+    async def loop_state() -> dict[str, Any]:
+        async with http.get(f"{url}/debug/loop") as response:
+            assert response.status == 200
+            state: dict[str, Any] = (await response.json())["loop"]
+            return state
+
+    async def lagged_over(bound: float) -> float:
+        async with http.get(f"{url}/metrics") as response:
+            text = await response.text()
+        buckets = {s.labels["le"]: s.value for f in text_string_to_metric_families(text)
+                   for s in f.samples if s.name == "extproc_event_loop_lag_seconds_bucket"}
+        return buckets["+Inf"] - buckets[str(bound)]
+
+    try:
+        await eventually(lambda: _ticked(loop_state), "the lag monitor ticks")
+        end = time.perf_counter() + 0.4
+        while time.perf_counter() < end:  # hold the service's loop (it runs in this test's loop)
+            pass
+        state = await eventually(lambda: _max_over(loop_state, 0.3), "the 0.4 s block in /debug/loop")
+        assert state["max_lag_at"] is not None
+        assert await eventually(lambda: lagged_over(0.25), "the block in extproc_event_loop_lag_seconds") == 1
+    finally:
+        await service.stop(grace_s=0)
+
+
+async def _ticked(state: Callable[[], Awaitable[dict[str, Any]]]) -> bool:
+    return int((await state())["ticks"]) > 0
+
+
+async def _max_over(state: Callable[[], Awaitable[dict[str, Any]]], bound: float) -> dict[str, Any] | None:
+    found = await state()
+    return found if found["max_lag_s"] >= bound else None

@@ -126,7 +126,7 @@ class FlowFleet:
             if done.state is RequestState.FINISHED:
                 node.endpoint.in_flight -= 1  # the stream ended: the lease goes back
                 self.outcome.served += 1
-                self.flow.kick("pool")
+                self.flow.finished("pool")
 
         request.on_progress = progress
         request.notify_every = 0

@@ -166,3 +166,35 @@ def test_a_pools_room_is_counted_only_as_far_as_needed() -> None:
     assert seen == [0.0, None]
     assert Room.of(rooms([0.0, 0.0]), enough=1.0) == Room(0.0, 0)
     assert Room.of(rooms([])) == Room(math.inf, 0)
+
+
+async def test_the_reserve_applies_while_the_pool_is_saturated_and_not_while_seats_free_often() -> None:
+    fleet = Fleet(room=1)  # one seat, which standard's reserve (0.2 x 10 seats) keeps for critical
+    flow = controller(fleet)
+    held = flow.offer("p", "t", "standard", 10)
+    assert isinstance(held, Ticket)  # no request has finished yet (a pool filling from idle): the reserve holds
+    for _ in range(20):  # the onset's first completions: what queued meanwhile still leaves the reserve free
+        fleet.now += 0.01
+        flow.finished("p")
+    assert not held.granted
+    flow.leave(held)  # the queue is empty: the pool is no longer saturated
+    for _ in range(20):  # requests finish every 10 ms: a queued critical request would get a seat at once
+        fleet.now += 0.01
+        flow.finished("p")
+    assert flow.offer("p", "t", "standard", 10) == GO
+    fleet.room = 0  # the pool is full: standard queues, and after a second of queueing the reserve is back
+    waiting = flow.offer("p", "t", "standard", 10)
+    assert isinstance(waiting, Ticket)
+    fleet.room = 1
+    fleet.now += 1.0
+    flow.finished("p")
+    assert not waiting.granted
+    fleet.room = 3  # beyond the reserve: granted; the queue empties, and the reserve stops applying
+    flow.finished("p")
+    assert waiting.granted
+    flow.routed(waiting)
+    fleet.room = 1
+    for _ in range(20):
+        fleet.now += 0.01
+        flow.finished("p")
+    assert flow.offer("p", "t", "standard", 10) == GO
