@@ -7,7 +7,7 @@ set -u
 W=$(pwd); OUT=$1; OLD_COMMIT=${2:-3cfdc8d}; PY=$W/.venv/bin/python
 NEW=$(mktemp -d /tmp/s8-hp-new.XXXX); OLD=$(mktemp -d /tmp/s8-hp-old.XXXX)
 git archive HEAD | tar -x -C "$NEW"; git archive "$OLD_COMMIT" | tar -x -C "$OLD"
-J=$W/reports/hotpath-s8/json; mkdir -p "$J"
+J=$W/reports/hotpath-s8/json/$(basename "$OUT" .txt); mkdir -p "$J"
 {
 echo "new = $(git rev-parse --short HEAD), old = $(git rev-parse --short "$OLD_COMMIT"), $(date -u)"
 echo "uptime before: $(uptime)"
