@@ -12,9 +12,7 @@ import asyncio
 import contextlib
 import os
 import re
-import shutil
 import signal
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +21,7 @@ from types import TracebackType
 from urllib.parse import urlsplit
 
 from extproc.bench.httpclient import HttpClient, RequestError
-from extproc.server.workers import die_with_parent
+from extproc.server.workers import die_with_parent as parent_death
 
 __all__ = [
     "Child",
@@ -202,7 +200,6 @@ class ProcessGroup:
         self.log_dir = Path(log_dir)
         self.grace_s = grace_s
         self._die_with_parent = die_with_parent
-        self._setpriv = shutil.which("setpriv") if die_with_parent and sys.platform.startswith("linux") else None
         self._children: list[Child] = []
 
     @property
@@ -219,13 +216,7 @@ class ProcessGroup:
         full_env = {**os.environ, **env} if env is not None else None
         command, hook = list(argv), None
         if self._die_with_parent:
-            # setpriv (util-linux) sets the parent-death signal and execs the command. A Python preexec hook is
-            # the fallback only: Python code in a child forked from a process with gRPC threads (a test holding
-            # a gRPC client) can crash before exec (seen: SIGSEGV in the child).
-            if self._setpriv is not None:
-                command = [self._setpriv, "--pdeathsig", "TERM", "--", *argv]
-            else:
-                hook = die_with_parent()
+            command, hook = parent_death(argv)
         with log_path.open("ab") as log:
             process = await asyncio.create_subprocess_exec(
                 *command, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=asyncio.subprocess.STDOUT,
