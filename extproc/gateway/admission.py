@@ -57,11 +57,6 @@ def has_budgets(limits: TierLimits) -> bool:
     return limits.tokens_per_min is not None or limits.tokens_per_day is not None
 
 
-def has_limits(limits: TierLimits) -> bool:
-    return any(value is not None for value in (limits.requests_per_s, limits.concurrency, limits.tokens_per_min,
-                                                 limits.tokens_per_day))
-
-
 def admit_request(tenant: Tenant, tier: TierConfig, model: str, request_id: str, now: float, tokens: int,
                   config: LimitsConfig) -> AdmitRequest | None:
     """The checks for `tenant` on `model` (served name); None when no limit applies."""
@@ -176,4 +171,6 @@ class Admit:
             anthropic_at = request.now if SHAPES[caller.api].anthropic_errors else None
             raise rate_limited(result.refused_by, result.retry_after_s, result.states, anthropic_at)
         holds = self._tenants.admitted(caller.tenant, request.concurrency)
-        return Admitted(Reservation.of(request), result.states, holds)
+        anthropic_at = request.now if SHAPES[caller.api].anthropic_errors else None
+        headers = ratelimit_headers(result.states, anthropic_at) if result.states else ()
+        return Admitted(Reservation.of(request), result.states, holds, headers)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from extproc.gateway.admission import has_budgets, has_limits
+from extproc.gateway.admission import has_budgets
 from extproc.gateway.auth import Authenticator
 from extproc.gateway.priority import priority_class
 from extproc.gateway.records import JSON_HEADERS, Caller
@@ -57,8 +57,8 @@ class Authenticate:
         model_limits = who.model_limits or tier.model_limits
         self.refuse_early(who, runtime)
         klass = priority_class(head, tier, policy.flow_control) if policy.flow_control.enabled else ""
-        return Caller(request_id, head, runtime, api, who, tier, klass,
-                      has_limits(limits) or has_limits(model_limits), has_budgets(limits) or has_budgets(model_limits))
+        budgeted = has_budgets(limits) or has_budgets(model_limits)
+        return Caller(request_id, head, runtime, api, who, tier, klass, budgeted)
 
     def refuse_early(self, tenant: Tenant, runtime: Runtime) -> None:
         """Refused before the body is parsed (TenantGate: local concurrency, rate retry, parse budget)."""

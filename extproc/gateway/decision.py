@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.flow import Rejected, Ticket
-from extproc.gateway.admission import Admit, ratelimit_headers
+from extproc.gateway.admission import Admit
 from extproc.gateway.authenticate import Authenticate
 from extproc.gateway.finish import Finish, Outcomes
 from extproc.gateway.gate import Gate
@@ -28,7 +28,6 @@ from extproc.gateway.types import Decision, RequestHead, Respond
 from extproc.limits.types import AdmitRequest, AdmitResult, Reservation
 from extproc.openai import ApiError, api_for_path
 from extproc.openai import errors as oai
-from extproc.openai.apis import SHAPES
 from extproc.scheduling import Explanation
 from extproc.telemetry import GatewayMetrics
 from extproc.tenants import ANONYMOUS, Tenant
@@ -130,17 +129,15 @@ class Gateway:
 
     def response_headers(self, exchange: Exchange, status: int,
                          served: str | None = None) -> tuple[tuple[str, str], ...]:
-        """Record the status; returns headers to add to the response (x-ratelimit-*; anthropic-ratelimit-* too on
-        the Messages API). `served`: the endpoint the data plane reports it sent the request to (endpoint-picker
+        """Record the status; returns headers to add to the response: the rate-limit headers fixed at admission.
+        Only endpoint-picker mode sends us response headers: a rendered Envoy adds those headers from our dynamic
+        metadata itself. `served`: the endpoint the data plane reports it sent the request to (endpoint-picker
         mode, when no access log reports it)."""
         exchange.status = status
         if served is not None:
             self._served(exchange, status, served)
-        admitted, caller = exchange.admitted, exchange.caller
-        if admitted is None or not admitted.states or caller is None:
-            return ()
-        anthropic = SHAPES[caller.api].anthropic_errors  # the Messages API: Anthropic's header names too
-        return ratelimit_headers(admitted.states, admitted.reservation.admitted_at if anthropic else None)
+        admitted = exchange.admitted
+        return admitted.headers if admitted is not None else ()
 
     def _served(self, exchange: Exchange, status: int, served: str) -> None:
         """Passive health and in-flight accounting from the response: a retry to a fallback moves the request's

@@ -65,7 +65,6 @@ class Caller:
     tenant: Tenant
     tier: TierConfig
     klass: str  # flow-control priority class ("" when flow control is off)
-    limited: bool  # the tenant has limits: its responses carry x-ratelimit-* headers
     budgeted: bool  # it has token budgets: the engine's output must be bounded by the reservation
 
 
@@ -83,11 +82,13 @@ class Resolved:
 
 @dataclass(frozen=True, slots=True)
 class Admitted:
-    """The limits store's yes: the reservation to settle, the limits' states for x-ratelimit-* headers."""
+    """The limits store's yes: the reservation to settle, the limits' states and the rate-limit headers they give
+    (x-ratelimit-*, anthropic-ratelimit-* on the Messages API), fixed at admission."""
 
     reservation: Reservation
     states: tuple[LimitState, ...]
     holds_slot: bool  # holds one of the tenant's tenant-wide concurrency leases (TenantGate counts it)
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +151,9 @@ def route_metadata(caller: Caller, resolved: Resolved, pool: str, admitted: Admi
     meta["prompt_estimate"] = resolved.prompt_estimate
     if admitted is not None:
         meta["reservation"] = encode_reservation(admitted.reservation)
+        if admitted.headers and caller.runtime.policy.mode != "endpoint-picker":
+            # Envoy adds them to the response from here (render.py): no response-headers message to us.
+            meta.update(admitted.headers)
     return meta
 
 

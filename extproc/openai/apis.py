@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-__all__ = ["PATHS", "SHAPES", "Api", "ApiShape", "api_for_path"]
+__all__ = ["PATHS", "RATELIMIT_HEADERS", "SHAPES", "Api", "ApiShape", "api_for_path"]
 
 
 class Api(enum.Enum):
@@ -76,3 +76,12 @@ PATHS: dict[str, Api] = {
 
 def api_for_path(path: str) -> Api | None:
     return PATHS.get(path.partition("?")[0].rstrip("/") or "/")
+
+
+# The rate-limit response headers the gateway may send, OpenAI's then Anthropic's (Messages API only): the
+# service computes their values, Envoy adds them to the response (extproc/xds/render.py).
+RATELIMIT_HEADERS: tuple[str, ...] = (
+    *(f"x-ratelimit-{what}-{kind}" for kind in ("requests", "tokens") for what in ("limit", "remaining", "reset")),
+    *(f"anthropic-ratelimit-{kind}-{what}" for kind in ("requests", "tokens") for what in ("limit", "remaining",
+                                                                                         "reset")),
+)

@@ -147,9 +147,6 @@ class StreamProcessor:
             return self._immediate(reply)
         if self.hold:
             return None  # answered with the decision, once the body is complete
-        assert exchange.caller is not None
-        if exchange.caller.limited and self.picker is None:
-            return protocol.CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS
         return protocol.CONTINUE_REQUEST_HEADERS
 
     def _request_body(self, chunk: ext_pb.HttpBody) -> Reply:

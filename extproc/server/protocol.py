@@ -20,18 +20,6 @@ from extproc.gateway import RequestHead, Respond, Route
 _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 
 CONTINUE_REQUEST_HEADERS = ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse())
-# The rendered processing mode with response headers turned on, for requests that get x-ratelimit-*.
-CONTINUE_REQUEST_HEADERS_SEND_RESPONSE_HEADERS = ext_pb.ProcessingResponse(
-    request_headers=ext_pb.HeadersResponse(),
-    mode_override=processing_mode_pb2.ProcessingMode(
-        request_header_mode=processing_mode_pb2.ProcessingMode.SEND,
-        response_header_mode=processing_mode_pb2.ProcessingMode.SEND,
-        request_body_mode=processing_mode_pb2.ProcessingMode.BUFFERED,
-        response_body_mode=processing_mode_pb2.ProcessingMode.NONE,
-        request_trailer_mode=processing_mode_pb2.ProcessingMode.SKIP,
-        response_trailer_mode=processing_mode_pb2.ProcessingMode.SKIP,
-    ),
-)
 CONTINUE_RESPONSE_HEADERS = ext_pb.ProcessingResponse(response_headers=ext_pb.HeadersResponse())
 CONTINUE_REQUEST_BODY = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse())
 

@@ -1,5 +1,5 @@
 """What Envoy reports: usage tokens into dynamic metadata, the gRPC access log to our service, the audit
-file log (extproc/xds/render.py)."""
+file log; and the rate-limit response headers Envoy adds from our dynamic metadata (extproc/xds/render.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 from extproc.config import Policy
 from extproc.config.secrets import GRPC_TOKEN_METADATA, read_secret
+from extproc.openai.apis import RATELIMIT_HEADERS
 
 __all__ = ["AUDIT_FORMAT", "EXTPROC_CLUSTER", "OTEL_CLUSTER", "USAGE_NAMESPACE", "access_log", "envoy_tracing",
-           "extproc_grpc_service", "otel_cluster", "usage_filters"]
+           "extproc_grpc_service", "otel_cluster", "ratelimit_response_headers", "usage_filters"]
 
 EXTPROC_CLUSTER = "extproc"
 OTEL_CLUSTER = "otel_collector"
@@ -27,6 +28,16 @@ def extproc_grpc_service(policy: Policy) -> dict[str, Any]:
 
 
 USAGE_NAMESPACE = "extproc.usage"
+
+
+def ratelimit_response_headers() -> list[dict[str, Any]]:
+    """Response mutations of the header_mutation filter: each rate-limit header from our dynamic metadata
+    (`extproc:<header name>`, set with the route when the tenant has limits), so no response-headers message
+    goes to the service. Absent (no limits, an unrouted or refused request) the value formats empty and Envoy
+    adds nothing (`keep_empty_value` false); present it replaces any upstream copy. Our own 429s carry the
+    headers in the immediate response. Clients cannot write the `extproc` namespace: only ext_proc can."""
+    return [{"append": {"header": {"key": name, "value": f"%DYNAMIC_METADATA(extproc:{name})%"},
+                        "append_action": "OVERWRITE_IF_EXISTS_OR_ADD"}} for name in RATELIMIT_HEADERS]
 
 
 # Where each response shape reports its tokens -> the key of `extproc.usage` they go to. One response has one

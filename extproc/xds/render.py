@@ -33,6 +33,7 @@ from extproc.xds.logs import (
     envoy_tracing,
     extproc_grpc_service,
     otel_cluster,
+    ratelimit_response_headers,
     usage_filters,
 )
 from extproc.xds.picker import picker_static
@@ -90,7 +91,7 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
             "name": "envoy.filters.http.header_mutation",
             "typed_config": {
                 "@type": _T + "extensions.filters.http.header_mutation.v3.HeaderMutation",
-                "mutations": {"request_mutations": strip},
+                "mutations": {"request_mutations": strip, "response_mutations": ratelimit_response_headers()},
             },
         },
         {
@@ -108,9 +109,8 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
                 # Queued requests (flow control) extend the timer up to their class's longest wait.
                 "max_message_timeout": _seconds(max(envoy.message_timeout_ms / 1000, max_wait_s)),
-                # Response headers only for requests that get x-ratelimit-* headers: the service turns them
-                # on per request (mode_override) when the tenant has limits; outcomes come from the access log.
-                "allow_mode_override": True,
+                # No response phase: rate-limit headers come from our metadata (header_mutation above),
+                # outcomes from the access log.
                 "processing_mode": {
                     "request_header_mode": "SEND",
                     "response_header_mode": "SKIP",

@@ -100,8 +100,8 @@ def test_ext_proc_is_inserted_before_the_router_as_rendered(chart: Chart, mode: 
     assert ours["processing_mode"] == expected["processing_mode"]
     assert ours["processing_mode"]["request_header_mode"] == "SEND"
     assert ours["processing_mode"]["request_body_mode"] == "BUFFERED"
-    assert ours["processing_mode"]["response_header_mode"] == "SKIP"  # turned on per request via mode_override
-    assert ours["allow_mode_override"] is True
+    assert ours["processing_mode"]["response_header_mode"] == "SKIP"  # rate-limit headers come from metadata
+    assert "allow_mode_override" not in ours  # nothing turns the response phase on per request
     assert ours["failure_mode_allow"] is expected["failure_mode_allow"] is True  # the route table fails closed
     assert ours["message_timeout"] == expected["message_timeout"]
     # Everything but the cluster is the renderer's configuration, field for field.

@@ -1,5 +1,6 @@
-"""The scraper's HTTP transport against a real aiohttp server on 127.0.0.1: status, size bounds (with and
-without a content-length), refused connections, the session it is given; and one scraper over real HTTP."""
+"""The scraper's HTTP transport against real servers on 127.0.0.1 (aiohttp, and raw asyncio streams for exact
+bytes): status, size bounds (with and without a content-length), every body framing, keep-alive reuse and a
+connection the server closed, hostile replies, refused connections; and one scraper over real HTTP."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import asyncio
 import socket
 from collections.abc import AsyncIterator
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -89,17 +89,100 @@ async def test_fetches_the_page_uncompressed_and_closes_its_session(server: Fake
     assert server.headers[0]["Accept-Encoding"] == "identity" and server.headers[0]["Accept"] == "text/plain"
 
 
-async def test_uses_the_session_it_is_given(server: FakeVllm) -> None:
-    made: list[aiohttp.ClientSession] = []
+class RawServer:
+    """An HTTP/1.1 server on asyncio streams answering each request with `reply` (bytes, as sent), then closing
+    the connection when `close_after` is set (without saying so, as an idle timeout does)."""
 
-    def factory() -> aiohttp.ClientSession:
-        made.append(aiohttp.ClientSession(headers={"x-test": "1"}))
-        return made[-1]
+    def __init__(self, reply: bytes, close_after: bool = False) -> None:
+        self.reply = reply
+        self.close_after = close_after
+        self.connections = 0
+        self.requests: list[bytes] = []
+        self.server: asyncio.Server | None = None
 
-    transport = HttpMetricsTransport(factory, path="/metrics")
-    await transport.fetch(server.address)
-    await transport.close()
-    assert len(made) == 1 and made[0].closed and server.headers[0]["x-test"] == "1"
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                self.requests.append(await reader.readuntil(b"\r\n\r\n"))
+                writer.write(self.reply)
+                await writer.drain()
+                if self.close_after:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+
+
+def reply(body: bytes, *headers: str) -> bytes:
+    return ("HTTP/1.1 200 OK\r\n" + "".join(f"{h}\r\n" for h in headers) + "\r\n").encode() + body
+
+
+async def test_one_keep_alive_connection_serves_every_round() -> None:
+    server = RawServer(reply(PAGE.encode(), f"Content-Length: {len(PAGE)}"))
+    address = await server.start()
+    transport = HttpMetricsTransport()
+    try:
+        assert [await transport.fetch(address) for _ in range(3)] == [PAGE] * 3
+    finally:
+        await transport.close()
+        server.close()
+    assert server.connections == 1 and len(server.requests) == 3
+    assert server.requests[0].startswith(b"GET /metrics HTTP/1.1\r\n")
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "close-delimited", "connection-close"])
+async def test_a_connection_the_server_closes_is_replaced_and_every_framing_reads(framing: str) -> None:
+    """The server closes after each reply, as an idle timeout would: the next scrape opens a new connection and
+    reads its own reply, whichever way the body is framed."""
+    data = PAGE.encode()
+    sent = {"length": reply(data, f"Content-Length: {len(data)}"),
+            "chunked": reply(b"%x\r\n%s\r\n%x\r\n%s\r\n0\r\nx-trailer: 1\r\n\r\n" % (
+                10, data[:10], len(data) - 10, data[10:]), "Transfer-Encoding: chunked"),
+            "close-delimited": reply(data),
+            "connection-close": reply(data, f"Content-Length: {len(data)}", "Connection: close")}[framing]
+    server = RawServer(sent, close_after=True)
+    address = await server.start()
+    transport = HttpMetricsTransport()
+    try:
+        assert await transport.fetch(address) == PAGE
+        assert await transport.fetch(address) == PAGE
+    finally:
+        await transport.close()
+        server.close()
+    assert server.connections == 2
+
+
+@pytest.mark.parametrize(("sent", "message"), [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n" + b"x" * 5, None),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad content-length"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n", "bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n", "bad chunk size"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffff\r\n", "response larger than"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x response"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", "response headers larger than"),
+])
+async def test_a_hostile_endpoint_gets_a_bounded_failure(sent: bytes, message: str | None) -> None:
+    server = RawServer(sent, close_after=True)
+    address = await server.start()
+    transport = HttpMetricsTransport(max_body_bytes=1000)
+    try:
+        if message is None:
+            assert await transport.fetch(address) == "xxxxx"
+        else:
+            with pytest.raises(ScrapeFailed, match=message):
+                await transport.fetch(address)
+    finally:
+        await transport.close()
+        server.close()
 
 
 @pytest.mark.parametrize(("fault", "message"), [

@@ -18,6 +18,7 @@ import pytest_asyncio
 
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack, launch
+from extproc.openai.apis import RATELIMIT_HEADERS
 from extproc.tenants import hash_key
 from tests.support import eventually, holds_for
 
@@ -309,3 +310,46 @@ async def test_tokenizer_is_routed_and_spends_no_token_budget(stack: Stack, http
     assert status == 400 and reply["error"]["code"] == "missing_model"
     status, _, reply = await post(http, stack, "count_tokens", "free", {"model": "unknown", "messages": []})
     assert status == 404 and reply["error"]["type"] == "not_found_error"
+
+
+FORGED = {name: "999999999" for name in RATELIMIT_HEADERS}
+
+
+async def forged_post(http: aiohttp.ClientSession, stack: Stack, api: str, key: str,
+                      payload: dict[str, Any]) -> tuple[int, dict[str, list[str]]]:
+    """The status and every value of each rate-limit header of the answer, to a request carrying forged copies of
+    all of them as request headers and in the body's `metadata`."""
+    async with http.post(f"http://127.0.0.1:{stack.envoy_port}{PATHS[api]}", json={**payload, "metadata": FORGED},
+                         headers={"authorization": f"Bearer {KEYS[key]}", **FORGED}) as response:
+        await response.read()
+        return response.status, {name: response.headers.getall(name) for name in RATELIMIT_HEADERS
+                                 if name in response.headers}
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+@pytest.mark.parametrize("stream", [False, True])
+async def test_ratelimit_headers_come_from_the_gateway_only(stack: Stack, http: aiohttp.ClientSession, api: str,
+                                                             stream: bool) -> None:
+    """Envoy adds the rate-limit headers from the service's metadata: a limited tenant gets exactly its token
+    headers, once each, never the client's values; a tenant without limits gets none, whatever it sends."""
+    status, found = await forged_post(http, stack, api, "day", body(api, stream=stream))
+    assert status == 200
+    tokens = [name for name in RATELIMIT_HEADERS if name.endswith("tokens") or "-tokens-" in name]
+    assert set(found) == {name for name in tokens if api == "messages" or name.startswith("x-")}
+    assert all(len(values) == 1 and values != ["999999999"] for values in found.values()), found
+    assert found["x-ratelimit-limit-tokens"] == ["1000000"]
+    status, found = await forged_post(http, stack, api, "free", body(api, stream=stream))
+    assert status == 200 and found == {}
+
+
+async def test_a_429_keeps_its_own_ratelimit_headers_once(stack: Stack, http: aiohttp.ClientSession) -> None:
+    """The service's 429 (an immediate response) carries the headers itself: Envoy neither doubles nor drops
+    them, and the client's forged copies appear nowhere."""
+    for _ in range(20):  # each admission takes >= 300 of the 1,200 tokens per minute (20 tokens/s come back)
+        status, found = await forged_post(http, stack, "messages", "minute", body("messages", tokens=300))
+        if status == 429:
+            break
+        assert status == 200
+    assert status == 429, "the token limit never refused"
+    assert found["x-ratelimit-limit-tokens"] == found["anthropic-ratelimit-tokens-limit"] == ["1200"]
+    assert all(len(values) == 1 and values != ["999999999"] for values in found.values()), found

@@ -12,7 +12,7 @@ POOLS = "pools: [{name: chat, model: m, endpoints: ['10.0.0.1:8000']}]\n"
 def caller(policy_text: str, tenant: Tenant = ANONYMOUS, request_id: str = "") -> Caller:
     head = RequestHead("POST", "/v1/chat/completions", {"x-request-id": "envoy-id"})
     runtime = RuntimeHolder(parse_policy(policy_text)).current
-    return Caller(request_id, head, runtime, Api.CHAT, tenant, runtime.policy.tiers["default"], "", False, False)
+    return Caller(request_id, head, runtime, Api.CHAT, tenant, runtime.policy.tiers["default"], "", False)
 
 
 def resolved(runtime_caller: Caller, prompt_estimate: int = 0) -> Resolved:

@@ -18,6 +18,7 @@ from extproc.endpoints import EndpointRegistry
 from extproc.gateway import Route, RuntimeHolder, build_gateway
 from extproc.limits.memory import MemoryStore
 from extproc.limits.types import AdmitRequest, ConcurrencyLimit, TokenBudget
+from extproc.openai.apis import RATELIMIT_HEADERS
 from extproc.server import protocol
 from extproc.server.processor import ExternalProcessorService
 from extproc.server.protocol import request_head
@@ -86,11 +87,14 @@ async def run(service: ExternalProcessorService, messages: list[ext_pb.Processin
     return context
 
 
-async def test_full_exchange_routes_rewrites_and_adds_ratelimit_headers() -> None:
+async def test_full_exchange_routes_rewrites_and_carries_ratelimit_headers_in_metadata() -> None:
     service, registry, _ = make()
-    context = await run(service, [headers_message(HEAD), body_message(CHAT), status_message(200)])
-    first, second, third = context.written
+    context = await run(service, [headers_message(HEAD), body_message(CHAT)])
+    first, second = context.written
     assert first.WhichOneof("response") == "request_headers"
+    # A limited tenant's headers reply asks for nothing more of the response (no mode override): Envoy adds the
+    # rate-limit headers from the route's metadata itself.
+    assert not first.HasField("mode_override")
     common = second.request_body.response
     assert common.clear_route_cache
     headers = set_headers(common.header_mutation)
@@ -100,9 +104,35 @@ async def test_full_exchange_routes_rewrites_and_adds_ratelimit_headers() -> Non
     assert headers["content-length"] == str(len(common.body_mutation.body))
     metadata = second.dynamic_metadata.fields["extproc"].struct_value.fields
     assert metadata["tenant"].string_value == "anonymous" and metadata["reservation"].string_value
-    added = set_headers(third.response_headers.response.header_mutation)
-    assert added["x-ratelimit-limit-tokens"] == "100000"
+    assert metadata["x-ratelimit-limit-tokens"].string_value == "100000"
+    assert 0 < int(metadata["x-ratelimit-remaining-tokens"].string_value) < 100000  # after this reservation
+    assert metadata["x-ratelimit-reset-tokens"].string_value
+    assert "x-ratelimit-limit-requests" not in metadata  # no request-rate limit: no such header
+    assert not any(key.startswith("anthropic-") for key in metadata)  # Anthropic's names on /v1/messages only
     assert in_flight(registry) == 0  # the stream ended: lease released
+
+
+async def test_ratelimit_metadata_only_for_limited_tenants_and_never_from_the_client() -> None:
+    """A tenant without limits gets no rate-limit keys (Envoy then adds no header), whatever the client sends
+    as headers or in its body; the Messages API gets Anthropic's names too, the same numbers."""
+    forged = {name: "999999" for name in RATELIMIT_HEADERS}
+    service, _, _ = make(POLICY.replace("tiers:\n  default: {limits: {concurrency: 1, tokens_per_min: 100000}}\n",
+                                        ""))
+    context = await run(service, [headers_message({**HEAD, **forged}), body_message(CHAT)])
+    first, second = context.written
+    assert not first.HasField("mode_override")
+    metadata = second.dynamic_metadata.fields["extproc"].struct_value.fields
+    assert metadata["tenant"].string_value == "anonymous"
+    assert not set(metadata) & set(RATELIMIT_HEADERS)
+    service, _, _ = make()
+    messages = json.dumps({"model": "chat", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+                           "metadata": forged}).encode()
+    context = await run(service, [headers_message({**HEAD, ":path": "/v1/messages", **forged}),
+                                  body_message(messages)])
+    metadata = context.written[1].dynamic_metadata.fields["extproc"].struct_value.fields
+    remaining = metadata["x-ratelimit-remaining-tokens"].string_value
+    assert remaining != "999999" and metadata["anthropic-ratelimit-tokens-remaining"].string_value == remaining
+    assert metadata["anthropic-ratelimit-tokens-limit"].string_value == "100000"
 
 
 async def test_concurrency_lease_is_held_for_the_stream_and_released_after() -> None:

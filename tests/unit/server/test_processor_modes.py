@@ -18,6 +18,7 @@ from google.protobuf import struct_pb2
 from extproc.config.schema import SaturationConfig
 from extproc.endpoints import EndpointRegistry
 from extproc.endpoints.metrics import EndpointMetrics
+from extproc.openai.apis import RATELIMIT_HEADERS
 from extproc.server import protocol
 from tests.unit.server.test_processor import CHAT, HEAD, FakeContext, in_flight, make, set_headers, status_message
 
@@ -260,3 +261,15 @@ def test_explain_in_endpoint_picker_mode_shows_the_protocol_s_header() -> None:
     assert explained["decision"] == "route" and explained["pool"] == "chat"
     assert set(explained["set_headers"]) == {DESTINATION}
     assert explained["set_headers"][DESTINATION].split(",")[0] == explained["endpoints"][0]
+
+
+async def test_endpoint_picker_mode_sends_ratelimit_headers_on_the_response_headers_it_receives() -> None:
+    """The gateway's Envoy (not ours) sends the response headers in this mode and reads no `extproc` metadata: the
+    rate-limit headers go in the reply to them, the same values, and none goes into metadata."""
+    limited = EPP + "tiers:\n  default: {limits: {tokens_per_min: 5000}}\n"
+    written, _ = await run([headers(Mode.BUFFERED), chunk(MODEL, True), served("10.0.0.1:8000")], limited)
+    routed, answered = written[1], written[2]
+    assert not set(routed.dynamic_metadata.fields["extproc"].struct_value.fields) & set(RATELIMIT_HEADERS)
+    added = set_headers(answered.response_headers.response.header_mutation)
+    assert added["x-ratelimit-limit-tokens"] == "5000"
+    assert 0 < int(added["x-ratelimit-remaining-tokens"]) < 5000

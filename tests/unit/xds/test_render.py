@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from extproc.config import parse_policy
+from extproc.openai.apis import RATELIMIT_HEADERS
 from extproc.xds import render_files, render_static, write_config
 from extproc.xds.render import route_config
 
@@ -60,6 +61,13 @@ def test_filter_chain_order_and_processing_mode() -> None:
     assert ext_proc["processing_mode"]["request_header_mode"] == "SEND"
     assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
     assert ext_proc["message_timeout"] == "0.25s"
+    # Nothing of the response goes to the service: the rate-limit headers come from its metadata, each one, and
+    # replace an upstream's copy; an empty value (no such metadata) adds nothing.
+    assert ext_proc["processing_mode"]["response_header_mode"] == "SKIP" and "allow_mode_override" not in ext_proc
+    added = [m["append"] for m in hcm["http_filters"][0]["typed_config"]["mutations"]["response_mutations"]]
+    assert [a["header"]["key"] for a in added] == list(RATELIMIT_HEADERS)
+    assert all(a["header"]["value"] == f"%DYNAMIC_METADATA(extproc:{a['header']['key']})%" and
+               a["append_action"] == "OVERWRITE_IF_EXISTS_OR_ADD" and not a.get("keep_empty_value") for a in added)
     # ext_proc fails open (a routed exchange outlives the service); the routes fail closed.
     assert ext_proc["failure_mode_allow"] is True
     route, unrouted = files["rds.yaml"]["resources"][0]["virtual_hosts"][0]["routes"]
