@@ -132,7 +132,13 @@ class PrefixAffinityScorer:
         if not hot:
             self._hot_since.pop(address, None)
             return False
-        since, seen = self._hot_since.get(address, (now, now))
+        entry = self._hot_since.get(address)
+        if entry is None:
+            # An entry not seen hot within the hold counts as absent: drop those (an endpoint that left the
+            # pool while hot), so the map holds only endpoints hot lately. Only here: a new hot endpoint is rare.
+            self._hot_since = {a: e for a, e in self._hot_since.items() if now - e[1] <= hold}
+            entry = (now, now)
+        since, seen = entry
         if now - seen > hold:
             since = now
         self._hot_since[address] = (since, now)
