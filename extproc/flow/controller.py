@@ -45,6 +45,13 @@ FREED_TAU_S: Final = 0.1
 # The reserve of a class whose reserve does not apply now: no seat kept, but above 0, so it does not probe past a
 # learned capacity as the top class does (`LoadModel.capacity`).
 _NO_RESERVE: Final = 1e-9
+
+
+def _kept(reserve: float, reserving: bool) -> float:
+    """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`)."""
+    return reserve if reserving or reserve <= 0 else _NO_RESERVE
+
+
 Reason = Literal["saturated", "queue_full", "displaced", "timeout", "cold_start", "adapter_unavailable", "left"]
 
 
@@ -212,12 +219,13 @@ class FlowController:
             self._dispatch(pool_name, pool, now)
         # Whatever is still queued had no room for its class; room for this one means nothing of a
         # class with at most its reserve waits ahead of it.
-        reserve = self._reserve(pool, spec.reserve, now)
+        reserving = self._reserving(pool, now)
+        reserve = _kept(spec.reserve, reserving)
         room = self._room(pool_name, now, reserve, pool.pending + 1.0)
         if room.stale:
             pool.stale_decisions += 1
         pool.saturated = room.cold_s > 0 or room.requests - pool.pending <= 0
-        if not pool.saturated and not self._ahead(pool, spec.priority, reserve, now):
+        if not pool.saturated and not self._ahead(pool, spec.priority, reserve, reserving):
             pool.stats(klass).direct += 1
             return GO
         wait_s = max(spec.max_wait_s, room.cold_s)
@@ -299,32 +307,31 @@ class FlowController:
     def _freed_per_s(pool: _Pool, now: float) -> float:
         return pool.freed_per_s * math.exp(-max(0.0, now - pool.freed_at) / FREED_TAU_S)
 
-    def _reserve(self, pool: _Pool, reserve: float, now: float) -> float:
-        """The reserve a class keeps now: its own while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
-        none while seats free often and nothing has queued for long (a busy pool below saturation)."""
-        if (reserve > 0 and not pool.latched and self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S >= 1.0
-                and (pool.held_since < 0 or now - pool.held_since < SATURATED_AFTER_S)):
-            return _NO_RESERVE
-        return reserve
+    def _reserving(self, pool: _Pool, now: float) -> bool:
+        """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
+        not while seats free often and nothing has queued for long (a busy pool below saturation)."""
+        return (pool.latched or self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0
+                or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
 
-    def _ahead(self, pool: _Pool, priority: int, reserve: float, now: float) -> bool:
+    def _ahead(self, pool: _Pool, priority: int, reserve: float, reserving: bool) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
         priority: it had no room and neither would this one)."""
         classes = self.config.classes
         return any(pool.queue.queued(name) and spec.priority >= priority
-                   and self._reserve(pool, spec.reserve, now) <= reserve for name, spec in classes.items())
+                   and _kept(spec.reserve, reserving) <= reserve for name, spec in classes.items())
 
     def _dispatch(self, pool_name: str, pool: _Pool, now: float) -> None:
         """Grant queued requests in rank order while their class has room. A class without room does not
         block the classes after it: one with a smaller reserve (a higher class) may still fit."""
         rooms: dict[float, float] = {}
         granted = True
+        reserving = self._reserving(pool, now)  # granting changes none of what it reads
         pool.queue.aging_per_s = self.config.aging_per_s
         while granted and pool.queue:
             granted = False
             for klass in pool.queue.ranked(now):
                 spec = self.config.classes.get(klass)
-                reserve = self._reserve(pool, spec.reserve if spec is not None else 0.0, now)
+                reserve = _kept(spec.reserve if spec is not None else 0.0, reserving)
                 if reserve not in rooms:
                     rooms[reserve] = self._room(pool_name, now, reserve, math.inf).requests - pool.pending
                 if rooms[reserve] <= 0:

@@ -48,22 +48,27 @@ class _Walk:
         distinct = [homes[position] or () for position in positions]
         # The deepest first; at one depth the most recent home first: the order of reading the chain from its
         # end, an endpoint counted where it first appears.
-        depths: dict[str, int] = {}
-        for position, held in zip(positions, distinct, strict=True):
-            check = position // share_every * share_every  # confirm_depth(position + 1)
-            confirm = (homes[check - 1] or ()) if check else None
-            for address in reversed(held):
-                if address not in depths:
-                    if confirm is not None and address not in confirm:
-                        # Rare (a hash collision, a chain trimmed at its start): read block by block instead.
-                        depths = _confirmed_depths(homes, share_every)
-                        break
-                    depths[address] = position + 1
-            else:
-                continue
-            break
+        depths = _first_depths(positions, distinct, homes, share_every)
+        if depths is None:  # rare (a hash collision, a chain trimmed at its start): read block by block instead
+            depths = _confirmed_depths(homes, share_every)
         self.depths = depths
         self.tails = {held[-1] for held in distinct}  # the most recent home of each block
+
+
+def _first_depths(positions: Sequence[int], distinct: Sequence[tuple[str, ...]],
+                  homes: Sequence[tuple[str, ...] | None], share_every: int) -> dict[str, int] | None:
+    """Each endpoint's depth where it first appears in `distinct` (the deepest first), or None when one of
+    them is not confirmed there (a home too at `confirm_depth`): then only a block-by-block reading tells."""
+    depths: dict[str, int] = {}
+    for position, held in zip(positions, distinct, strict=True):
+        check = position // share_every * share_every  # confirm_depth(position + 1)
+        confirm = (homes[check - 1] or ()) if check else None
+        for address in reversed(held):
+            if address not in depths:
+                if confirm is not None and address not in confirm:
+                    return None
+                depths[address] = position + 1
+    return depths
 
 
 def _confirmed_depths(homes: Sequence[tuple[str, ...] | None], share_every: int) -> dict[str, int]:
