@@ -70,9 +70,10 @@ class GrpcTls(Strict):
 def endpoint_picker_problems(policy: Policy) -> list[str]:
     """What endpoint-picker mode cannot do with this policy (empty in policy mode)."""
     problems: list[str] = []
-    if policy.envoy.request_body_mode != "buffered" and policy.mode != "endpoint-picker":
-        problems.append("envoy.request_body_mode streamed / full-duplex needs mode: endpoint-picker (policy mode "
-                        "turns response headers on per request, which only a buffered body allows)")
+    if policy.envoy.request_body_mode == "full-duplex" and policy.mode != "endpoint-picker":
+        problems.append("envoy.request_body_mode full-duplex needs mode: endpoint-picker (in policy mode a routed "
+                        "exchange must outlive the service: Envoy stops failing open once a full-duplex body was "
+                        "sent; use streamed)")
     if policy.mode != "endpoint-picker":
         return problems
     if len(policy.pools) != 1:

@@ -23,7 +23,7 @@ import yaml
 
 from extproc.config import EnvoyConfig, Policy, PoolConfig
 from extproc.config.schema import parse_endpoint
-from extproc.flow.config import MESSAGE_TIMEOUT_SLACK_S
+from extproc.xds.ext_proc import ext_proc_filter
 from extproc.xds.local_reply import local_reply_config, unrouted_response
 from extproc.xds.logs import (
     AUDIT_FORMAT,
@@ -31,7 +31,6 @@ from extproc.xds.logs import (
     USAGE_NAMESPACE,
     access_log,
     envoy_tracing,
-    extproc_grpc_service,
     otel_cluster,
     ratelimit_response_headers,
     usage_filters,
@@ -82,9 +81,6 @@ def early_header_mutation(policy: Policy) -> list[dict[str, Any]]:
 
 
 def http_filters(policy: Policy) -> list[dict[str, Any]]:
-    envoy = policy.envoy
-    longest = policy.longest_wait_s()
-    max_wait_s = longest + MESSAGE_TIMEOUT_SLACK_S + 1.0 if longest > 0 else 0.0
     strip = [{"remove": name} for name in stripped_headers(policy)]
     return [
         {
@@ -94,33 +90,7 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 "mutations": {"request_mutations": strip, "response_mutations": ratelimit_response_headers()},
             },
         },
-        {
-            "name": "envoy.filters.http.ext_proc",
-            "typed_config": {
-                "@type": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
-                "grpc_service": extproc_grpc_service(policy),
-                # Fail open: a routed exchange outlives our service; unrouted requests are stopped by the
-                # route table (module docstring), not here.
-                "failure_mode_allow": True,
-                # A slow or unreachable processor answers 500 (mapped to an OpenAI error), not Envoy's 504.
-                "status_on_error": {"code": 500},
-                # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
-                "metadata_options": {"receiving_namespaces": {"untyped": ["extproc"]}},
-                "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
-                # Queued requests (flow control) extend the timer up to their class's longest wait.
-                "max_message_timeout": _seconds(max(envoy.message_timeout_ms / 1000, max_wait_s)),
-                # No response phase: rate-limit headers come from our metadata (header_mutation above),
-                # outcomes from the access log.
-                "processing_mode": {
-                    "request_header_mode": "SEND",
-                    "response_header_mode": "SKIP",
-                    "request_body_mode": "BUFFERED",
-                    "response_body_mode": "NONE",
-                    "request_trailer_mode": "SKIP",
-                    "response_trailer_mode": "SKIP",
-                },
-            },
-        },
+        ext_proc_filter(policy),
         *usage_filters(),
         {"name": "envoy.filters.http.router",
          "typed_config": {"@type": _T + "extensions.filters.http.router.v3.Router"}},

@@ -1,0 +1,66 @@
+"""The ext_proc filter of policy mode, as `extproc envoy render` and the Helm chart's EnvoyFilter configure it.
+
+Request headers are always sent: the router must not pick a route before the body is decided (with headers
+SKIP it picks one at once and answers 503). How the body follows (`envoy.request_body_mode`):
+
+- **buffered**: Envoy sends the body only after our reply to the headers, so every request pays two
+  sequential round trips to the service.
+- **streamed** (`send_body_without_waiting_for_header_response`): Envoy sends the body chunks right behind the
+  headers, without waiting for their reply; the service holds the headers reply until the body is decided,
+  then answers it with the routing mutations (and `clear_route_cache`), followed by one reply per chunk
+  (extproc/server/processor.py). One round trip less, same number of messages, and fail-open keeps working
+  (FULL_DUPLEX_STREAMED turns it off once a body was sent, so policy mode refuses it).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from extproc.config import Policy
+from extproc.flow.config import MESSAGE_TIMEOUT_SLACK_S
+from extproc.xds.logs import extproc_grpc_service
+
+__all__ = ["BODY_MODE", "ext_proc_filter", "max_message_timeout_s"]
+
+_T = "type.googleapis.com/envoy."
+# Policy mode's request body modes, as Envoy names them (full-duplex: endpoint-picker mode only).
+BODY_MODE = {"buffered": "BUFFERED", "streamed": "STREAMED"}
+
+
+def max_message_timeout_s(policy: Policy) -> float:
+    """How long a queued request may make Envoy wait for a reply: its class's longest wait, plus slack."""
+    longest = policy.longest_wait_s()
+    max_wait_s = longest + MESSAGE_TIMEOUT_SLACK_S + 1.0 if longest > 0 else 0.0
+    return max(policy.envoy.message_timeout_ms / 1000, max_wait_s)
+
+
+def ext_proc_filter(policy: Policy) -> dict[str, Any]:
+    envoy = policy.envoy
+    config: dict[str, Any] = {
+        "@type": _T + "extensions.filters.http.ext_proc.v3.ExternalProcessor",
+        "grpc_service": extproc_grpc_service(policy),
+        # Fail open: a routed exchange outlives our service; unrouted requests are stopped by the
+        # route table (extproc/xds/render.py), not here.
+        "failure_mode_allow": True,
+        # A slow or unreachable processor answers 500 (mapped to an OpenAI error), not Envoy's 504.
+        "status_on_error": {"code": 500},
+        # Envoy drops dynamic metadata from the processor unless its namespace is accepted.
+        "metadata_options": {"receiving_namespaces": {"untyped": ["extproc"]}},
+        "message_timeout": f"{envoy.message_timeout_ms / 1000:g}s",
+        # Queued requests (flow control) extend the timer up to their class's longest wait.
+        "max_message_timeout": f"{max_message_timeout_s(policy):g}s",
+        # No response phase: rate-limit headers come from our metadata (header_mutation),
+        # outcomes from the access log.
+        "processing_mode": {
+            "request_header_mode": "SEND",
+            "response_header_mode": "SKIP",
+            "request_body_mode": BODY_MODE[envoy.request_body_mode],
+            "response_body_mode": "NONE",
+            "request_trailer_mode": "SKIP",
+            "response_trailer_mode": "SKIP",
+        },
+    }
+    if envoy.request_body_mode == "streamed":
+        config["send_body_without_waiting_for_header_response"] = True
+        config["processing_mode"]["response_trailer_mode"] = "SEND"
+    return {"name": "envoy.filters.http.ext_proc", "typed_config": config}
