@@ -144,7 +144,7 @@ class EnvoyConfig(Strict):
     max_pending_requests: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=10_000, ge=1)
     # How the rendered ext_proc filter sends request bodies (streamed / full-duplex: endpoint-picker mode only).
-    request_body_mode: Literal["buffered", "streamed", "full-duplex"] = "streamed"
+    request_body_mode: Literal["buffered", "streamed", "full-duplex"] = "buffered"
 
     @field_validator("extproc_endpoints")
     @classmethod

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -62,8 +63,8 @@ class StreamProcessor:
     reply per chunk. STREAMED while Envoy waits for the headers reply cannot be routed by its body and is refused
     (500, a data-plane misconfiguration) rather than sent somewhere unpicked. Response bodies pass untouched."""
 
-    __slots__ = ("body", "chunks", "closed", "count", "exchange", "gateway", "hold", "picker", "received",
-                 "request_mode", "response_mode", "span", "stream_metadata", "tracer", "trailers")
+    __slots__ = ("body", "chunks", "closed", "count", "declared", "exchange", "gateway", "hold", "picker", "received",
+                 "request_mode", "response_mode", "rewritten", "span", "stream_metadata", "tracer", "trailers")
 
     def __init__(self, gateway: Gateway, tracer: DecisionTracer | None = None,
                  stream_metadata: Iterable[tuple[str, str]] | None = None) -> None:
@@ -76,6 +77,8 @@ class StreamProcessor:
         self.chunks: list[bytes] = []
         self.count = 0  # request body messages received (STREAMED answers each)
         self.received = 0  # request body bytes received
+        self.declared = -1  # the request's content-length (-1: none)
+        self.rewritten = False  # STREAMED: the decision replaced the body (later chunks are cleared)
         self.trailers = False  # the decision came with the request trailers: they get their reply after it
         self.closed = False  # answered with an immediate response: Envoy sends nothing more that needs a reply
         self.tracer = tracer  # None: tracing off (the only cost is this test)
@@ -137,6 +140,9 @@ class StreamProcessor:
                                            DESTINATION_ENDPOINT_SUBSET)
             subset = tuple(hint) if hint is not None else None
         head = protocol.request_head(message.request_headers, subset)
+        declared = head.headers.get("content-length", "")
+        if declared.isdigit():
+            self.declared = int(declared)
         if self.tracer is not None:
             self.span = self.tracer.start(head.headers, self.stream_metadata)
         exchange, reply = self.gateway.headers(head)
@@ -154,16 +160,30 @@ class StreamProcessor:
         if exchange is None:
             return protocol.immediate_response(error_response(oai.bad_request("body before headers")))
         if self.body is not None or exchange.outcome != "incomplete":
-            return None  # a piece after the decision started: nothing is owed for it
+            return self._after_decision(chunk)
         self.count += 1
         self.received += len(chunk.body)
         limit = self.gateway.runtimes.current.policy.bounds.max_body_bytes
         if self.received > limit or self.count > _MAX_BODY_MESSAGES:
             return self._immediate(self.gateway.refuse(exchange, oai.too_large(limit)))
         self.chunks.append(chunk.body)
-        if self.hold and not chunk.end_of_stream:
+        if self.hold and not chunk.end_of_stream and not self._declared_complete():
             return None  # more to come
         return self._decide()
+
+    def _declared_complete(self) -> bool:
+        """STREAMED: the body's declared length has arrived. Envoy's HTTP/1 codec follows the data with an empty
+        end-of-stream chunk; deciding now takes that message's round trip off the request's path (it gets its
+        reply when it comes). Not in FULL_DUPLEX, whose reply ends the body Envoy sends upstream."""
+        return self.request_mode == protocol.STREAMED and self.declared == self.received
+
+    def _after_decision(self, chunk: ext_pb.HttpBody) -> Reply:
+        """A piece after the decision: STREAMED owes every routed chunk a reply (empty by the declared length; a
+        rewritten body already replaced the first chunk, so anything after it is cleared); otherwise nothing."""
+        if self.request_mode != protocol.STREAMED or not self.hold or self.exchange is None or (
+                self.exchange.outcome != "routed"):
+            return None
+        return protocol.CLEAR_REQUEST_BODY if self.rewritten or chunk.body else protocol.CONTINUE_REQUEST_BODY
 
     def _decide(self) -> Reply:
         assert self.exchange is not None
@@ -197,10 +217,18 @@ class StreamProcessor:
             replies += protocol.streamed_request_body(body, end_of_stream=not self.trailers)
         else:
             replies += protocol.streamed_chunk_replies(self.count, decision.body)
+            self.rewritten = decision.body is not None
         self.chunks = []
         if self.trailers:
             replies.append(protocol.CONTINUE_REQUEST_TRAILERS)
         return tuple(replies)
+
+    @property
+    def uploading(self) -> bool:
+        """STREAMED with the headers reply held and the body still arriving: Envoy times each message it sent."""
+        exchange = self.exchange
+        return (self.hold and self.request_mode == protocol.STREAMED and not self.closed and self.body is None
+                and exchange is not None and exchange.outcome == "incomplete")
 
     @property
     def extends_timer(self) -> bool:
@@ -217,6 +245,28 @@ class StreamProcessor:
         self.tracer.finish(self.span, trace_attributes(exchange, now),
                            exchange.request_id if exchange.routed is not None else None)
         self.span = None
+
+
+class _UploadNudge:
+    """A client pausing mid-upload while the headers reply is held (STREAMED) would meet Envoy's per-message
+    timer (message_timeout: failure mode, a 500) before its request timeout (408). When nothing arrives for half
+    that timer, the stream asks Envoy for more time (override_message_timeout, capped by the rendered
+    max_message_timeout), once per message Envoy sent. Never fires for a body that arrives with its headers."""
+
+    __slots__ = ("context", "writing")
+
+    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self.context = context
+        self.writing: asyncio.Future[None] | None = None
+
+    def fire(self, seconds: float) -> None:
+        self.writing = asyncio.ensure_future(self.context.write(protocol.extend_message_timeout(seconds)))
+
+    async def settle(self) -> None:
+        """Before the stream writes again: the override in flight goes first (one write at a time)."""
+        if self.writing is not None:
+            writing, self.writing = self.writing, None
+            await writing
 
 
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
@@ -242,9 +292,19 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         # read()/write() on the context instead of an async generator: one less layer per message.
         tracer = self._tracer
         stream = StreamProcessor(self._gateway, tracer, None if tracer is None else context.invocation_metadata())
+        nudge: _UploadNudge | None = None
         try:
             while True:
-                message = await context.read()
+                if stream.uploading:
+                    nudge = nudge or _UploadNudge(context)
+                    policy = self._gateway.runtimes.current.policy
+                    timer = asyncio.get_running_loop().call_later(
+                        policy.envoy.message_timeout_ms / 2000, nudge.fire, policy.request_timeout_s() or 3600.0)
+                    message = await context.read()
+                    timer.cancel()
+                    await nudge.settle()
+                else:
+                    message = await context.read()
                 if message is EOF:
                     return
                 phase = message.WhichOneof("request")
@@ -277,6 +337,8 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                 elif response is not None:
                     for reply in response:
                         await context.write(reply)
+                if stream.closed and stream.hold:
+                    return  # answered at once: the rest of a streamed body is not read (nor paid for)
         finally:
             # The stream ends when the HTTP exchange ends (or the client goes away): release here.
             started = cpu()

@@ -22,6 +22,8 @@ _OVERWRITE = base_pb2.HeaderValueOption.OVERWRITE_IF_EXISTS_OR_ADD
 CONTINUE_REQUEST_HEADERS = ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse())
 CONTINUE_RESPONSE_HEADERS = ext_pb.ProcessingResponse(response_headers=ext_pb.HeadersResponse())
 CONTINUE_REQUEST_BODY = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse())
+CLEAR_REQUEST_BODY = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
+    body_mutation=ext_pb.BodyMutation(clear_body=True))))
 
 
 def header_map(headers: ext_pb.HttpHeaders) -> dict[str, str]:
@@ -190,9 +192,7 @@ def streamed_chunk_replies(count: int, new_body: bytes | None) -> list[ext_pb.Pr
         return [CONTINUE_REQUEST_BODY] * count
     first = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
         body_mutation=ext_pb.BodyMutation(body=new_body))))
-    cleared = ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
-        body_mutation=ext_pb.BodyMutation(clear_body=True))))
-    return [first] + [cleared] * (count - 1)
+    return [first] + [CLEAR_REQUEST_BODY] * (count - 1)
 
 
 def streamed_response_body(body: bytes, end_of_stream: bool) -> ext_pb.ProcessingResponse:

@@ -28,9 +28,13 @@ BODY_MODE = {"buffered": "BUFFERED", "streamed": "STREAMED"}
 
 
 def max_message_timeout_s(policy: Policy) -> float:
-    """How long a queued request may make Envoy wait for a reply: its class's longest wait, plus slack."""
+    """How long the service may make Envoy wait for a reply: a queued request's class's longest wait plus slack;
+    streamed, also a client's upload while the headers reply is held (up to the request timeout, which answers
+    408 itself: extproc/server/processor.py `_UploadNudge`)."""
     longest = policy.longest_wait_s()
     max_wait_s = longest + MESSAGE_TIMEOUT_SLACK_S + 1.0 if longest > 0 else 0.0
+    if policy.envoy.request_body_mode == "streamed":
+        max_wait_s = max(max_wait_s, (policy.request_timeout_s() or 3600.0) + 1.0)
     return max(policy.envoy.message_timeout_ms / 1000, max_wait_s)
 
 
@@ -62,5 +66,8 @@ def ext_proc_filter(policy: Policy) -> dict[str, Any]:
     }
     if envoy.request_body_mode == "streamed":
         config["send_body_without_waiting_for_header_response"] = True
+        # With nothing of the response to process, Envoy 1.40 closes a streamed body's gRPC stream as soon as the
+        # body is answered, and the service releases the exchange's leases at the stream's end: trailers SEND
+        # keeps the stream open until the exchange ends (measured: a response without trailers costs no message).
         config["processing_mode"]["response_trailer_mode"] = "SEND"
     return {"name": "envoy.filters.http.ext_proc", "typed_config": config}
