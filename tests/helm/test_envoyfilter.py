@@ -40,6 +40,10 @@ POLICIES = {
     "custom": {"policy": CUSTOM_POLICY},
     "trusted-header": {"policy": {"auth": {"mode": "trusted-header", "tenant_header": "x-team"}}},
     "audit": {"policy": {"audit": {"path": "/dev/stdout"}}},
+    # The body right behind the headers (their reply held): trailers keep the stream, uploads may take the
+    # request timeout.
+    "streamed": {"policy": {"envoy": {"request_body_mode": "streamed"}}},
+    "streamed-no-request-timeout": {"policy": {"envoy": {"request_body_mode": "streamed", "request_timeout_s": 0}}},
     "discovery": {"policy": {"pools": [
         {"name": "chat", "model": "m-chat", "discovery": {"dns": "vllm-chat.llm.svc.cluster.local", "port": 8000}},
         {"name": "code", "model": "m-code", "discovery": {"dns": "vllm-code.llm.svc.cluster.local", "port": 8001,
@@ -99,7 +103,7 @@ def test_ext_proc_is_inserted_before_the_router_as_rendered(chart: Chart, mode: 
     expected = renderer_filter(policy, "envoy.filters.http.ext_proc")["typed_config"]
     assert ours["processing_mode"] == expected["processing_mode"]
     assert ours["processing_mode"]["request_header_mode"] == "SEND"
-    assert ours["processing_mode"]["request_body_mode"] == "BUFFERED"
+    assert ours["processing_mode"]["request_body_mode"] == policy.envoy.request_body_mode.upper()
     assert ours["processing_mode"]["response_header_mode"] == "SKIP"  # rate-limit headers come from metadata
     assert "allow_mode_override" not in ours  # nothing turns the response phase on per request
     assert ours["failure_mode_allow"] is expected["failure_mode_allow"] is True  # the route table fails closed

@@ -1,4 +1,6 @@
-"""Real Envoy + our service + the simulated fleet on 127.0.0.1: routing, errors, streaming, failure mode."""
+"""Real Envoy + our service + the simulated fleet on 127.0.0.1: routing, errors, streaming, failure mode; every test
+once per request body mode of policy mode (buffered: the body after the headers reply; streamed: the body right
+behind the headers, the headers reply held until the body is decided)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import pytest_asyncio
 
 from extproc.bench.procs import ProcessGroup
 from extproc.bench.stack import SimPool, Stack
-from tests.support import launch_stack
+from tests.support import eventually, launch_stack
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -21,11 +23,13 @@ CHAT = SimPool("chat", "org/chat-8b", 3, aliases=("chat", "gpt-4o-mini"))
 SMALL = SimPool("small", "org/small-1b", 1, aliases=("small",))
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup]]:
-    workdir: Path = tmp_path_factory.mktemp("spine")
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "streamed"])
+async def stack(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup]]:
+    workdir: Path = tmp_path_factory.mktemp(f"spine-{request.param}")
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch_stack(group, workdir, [CHAT, SMALL], sim_args=["--stream-chunk-tokens", "2"]), group
+        yield await launch_stack(group, workdir, [CHAT, SMALL], sim_args=["--stream-chunk-tokens", "2"],
+                                 extra_policy={"envoy": {"request_body_mode": request.param}}), group
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
@@ -122,6 +126,46 @@ async def test_streaming_passes_through_intact(
     usage = [c["usage"] for c in chunks if c.get("usage")]
     assert text
     assert usage and usage[-1]["completion_tokens"] == 12
+
+
+async def test_the_exchange_holds_its_endpoint_until_it_ends(
+    stack: tuple[Stack, ProcessGroup], http: aiohttp.ClientSession
+) -> None:
+    """The ext_proc stream lasts as long as the HTTP exchange (the service releases at its end): with a streamed
+    body Envoy would close it once the body is answered, unless the response trailers are asked for."""
+    s, _ = stack
+
+    async def in_flight() -> int:
+        async with http.get(f"{s.admin_url}/debug/pools") as response:
+            return sum(e["in_flight"] for e in (await response.json())["pools"]["chat"])
+
+    async def released() -> bool:
+        return await in_flight() == 0
+
+    body = chat_body("chat", stream=True, max_tokens=400, ignore_eos=True)
+    async with http.post(url(s, "/v1/chat/completions"), json=body) as response:
+        assert response.status == 200
+        await response.content.readline()  # the first event: the exchange is running
+        assert await in_flight() == 1
+        await response.read()
+    await eventually(released, "the endpoint released")
+
+
+async def test_a_200_kb_prompt_is_routed_on_its_body_and_arrives_whole(
+    stack: tuple[Stack, ProcessGroup], http: aiohttp.ClientSession
+) -> None:
+    s, _ = stack
+    words = " ".join(f"w{n}" for n in range(40_000))  # ~200 KB, more tokens than the engine takes
+    body = chat_body("gpt-4o-mini", messages=[{"role": "user", "content": words}])
+    assert len(json.dumps(body)) > 200_000
+    async with http.post(url(s, "/v1/chat/completions"), json=body) as response:
+        routed = response.headers["x-gateway-upstream-host"]
+        via_envoy = (response.status, await response.json())
+    assert routed in ports(s, "chat")  # routed on the body's model alias
+    direct = {**body, "model": CHAT.model}  # the alias rewritten, as the service does
+    async with http.post(f"http://{routed}/v1/chat/completions", json=direct) as response:
+        # the engine's own answer (its context-length error names the prompt's token count): the same body
+        assert via_envoy == (response.status, await response.json())
 
 
 async def expect_error(response: aiohttp.ClientResponse, status: int, code: str) -> dict[str, Any]:

@@ -34,7 +34,7 @@ pools: [{name: chat, model: m, inference_pool: {name: vllm-chat, namespace: llm}
      "        {name: b, model: b, endpoints: ['10.0.0.2:1']}]\n", "serves one pool per process"),
     ("mode: endpoint-picker\npools: [{name: a, model: a, endpoints: ['10.0.0.1:1'], backup_pool: a}]\n",
      "backup_pool cannot apply"),
-    ("envoy: {request_body_mode: full-duplex}\n" + ONE_POOL, "needs mode: endpoint-picker"),
+    ("envoy: {request_body_mode: full-duplex}\n" + ONE_POOL, "needs mode: endpoint-picker (in policy mode a routed"),
     ("pools: [{name: a, model: a, endpoints: ['10.0.0.1:1'], inference_pool: {name: p}}]\n", "exactly one"),
     ("pools: [{name: a, model: a, inference_pool: {name: Bad_Name}}]\n", "not a Kubernetes object name"),
     ("pools: [{name: a, model: a, inference_pool: {name: p, api_server: 'ftp://x'}}]\n", "https://"),

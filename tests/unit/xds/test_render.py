@@ -220,3 +220,23 @@ def test_envoy_tracer_is_rendered_only_with_tracing_on() -> None:
     assert "otel_collector" in clusters
     hcm, clusters = hcm_and_clusters("tracing: {enabled: true, envoy: false}\n")
     assert "tracing" not in hcm and "otel_collector" not in clusters
+
+
+def test_a_streamed_policy_sends_the_body_without_waiting_and_keeps_the_stream_to_the_end() -> None:
+    policy = parse_policy(POLICY_TEXT + "envoy: {request_body_mode: streamed}\n")
+    buffered = render_static(POLICY)["static_resources"]["listeners"][0]
+    listener = render_static(policy)["static_resources"]["listeners"][0]
+    ext_proc = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]["typed_config"]
+    mode = ext_proc["processing_mode"]
+    assert (mode["request_body_mode"], mode["request_header_mode"]) == ("STREAMED", "SEND")
+    assert ext_proc["send_body_without_waiting_for_header_response"] is True
+    # Nothing of the response is processed, but the trailers keep the gRPC stream to the exchange's end.
+    assert (mode["response_header_mode"], mode["response_body_mode"], mode["response_trailer_mode"]) == (
+        "SKIP", "NONE", "SEND")
+    # A client's upload while the headers reply is held may take up to the request timeout.
+    hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
+    assert float(ext_proc["max_message_timeout"].rstrip("s")) > float(hcm["request_timeout"].rstrip("s"))
+    assert ext_proc["failure_mode_allow"] is True  # routed exchanges still outlive the service
+    plain = buffered["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]["typed_config"]
+    assert "send_body_without_waiting_for_header_response" not in plain
+    assert plain["processing_mode"]["response_trailer_mode"] == "SKIP"
