@@ -39,6 +39,7 @@ from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.engines import build_adapter_manager, build_sleep_manager
 from extproc.server.fleet import FleetSync
 from extproc.server.grpc_auth import read_token
+from extproc.server.h2 import LeanServer
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.placements import PlacementSync
@@ -116,6 +117,8 @@ class Service:
     queue_sync: QueueSync | None = None  # the replicas' queue lengths for it, with Redis
     sleep: SleepManager | None = None  # engines of pools with sleep_after_idle_s
     adapters: AdapterManager | None = None  # LoRA adapters of pools with lora_paths
+    processor: ExternalProcessorService | None = None
+    lean: LeanServer | None = None  # service.front_end lean, once started
     loop_lag: LoopLag | None = None  # the event loop's own lag (/debug/loop, extproc_event_loop_lag_seconds)
     grpc_port: int = 0
     admin_port: int = 0
@@ -129,7 +132,11 @@ class Service:
     async def start(self) -> None:
         service = self.runtimes.current.policy.service
         address = f"{service.grpc_host}:{service.grpc_port}"
-        if self.tls is not None:
+        if service.front_end == "lean":  # ext_proc, access log and health on the event loop; grpc.aio unused
+            self.lean = LeanServer(self.processor, self.access_log, self.health,
+                                   self.runtimes.current.policy.bounds.max_body_bytes + (1 << 20))
+            self.grpc_port = await self.lean.start(service.grpc_host, service.grpc_port)
+        elif self.tls is not None:
             self.grpc_port = self.grpc_server.add_secure_port(address, self.tls.credentials())
             await self.tls.start()
         else:
@@ -139,7 +146,8 @@ class Service:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.loop_lag is not None:
             self.loop_lag.start()
-        await self.grpc_server.start()
+        if self.lean is None:
+            await self.grpc_server.start()
         await self.admin_runner.setup()
         site = web.TCPSite(self.admin_runner, service.admin_host, service.admin_port, reuse_port=True)
         await site.start()
@@ -195,7 +203,7 @@ class Service:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if drain_delay_s > 0:
             await asyncio.sleep(drain_delay_s)
-        await self.grpc_server.stop(grace_s)
+        await (self.lean.stop(grace_s) if self.lean is not None else self.grpc_server.stop(grace_s))
         await self.scraper.stop()
         if self.scaler is not None:
             await self.scaler.stop()
@@ -256,8 +264,8 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         from extproc.telemetry.tracing import DecisionTracer
 
         tracer = DecisionTracer(policy.tracing)
-    ext_grpc.add_ExternalProcessorServicer_to_server(
-        ExternalProcessorService(gateway, store, grpc_token, metrics, tracer), server)
+    processor = ExternalProcessorService(gateway, store, grpc_token, metrics, tracer)
+    ext_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     access_log = AccessLogService(store, metrics, parts.outcomes, rollouts.record,
                                   on_prompt_usage=parts.calibration.observe, token=grpc_token,
                                   decided_here=gateway.request_ids.mine,
@@ -283,6 +291,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       KeysWatcher(policy, policy_path, authenticator), access_log, rollouts, watcher, discovery,
                       pool_discovery, CertificateReloader(policy.service.tls) if policy.service.tls else None)
     service.tracer = tracer
+    service.processor = processor
     service.scaler = scaler
     service.sleep = build_sleep_manager(runtimes, parts)
     service.adapters = build_adapter_manager(runtimes, parts)

@@ -55,6 +55,16 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def streamed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """The shared stack's configuration with request bodies streamed right behind the headers."""
+    workdir: Path = tmp_path_factory.mktemp("attacks-streamed")
+    (workdir / "keys.json").write_text(keys_file())
+    async with ProcessGroup(workdir / "logs") as group:
+        yield await launch_stack(group, workdir, POOLS, envoy={"request_body_mode": "streamed"},
+                                 extra_policy=policy(str(workdir / "keys.json")), sim_args=FAST)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
 async def tokened(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """The same stack with a gRPC token (ext_proc and access log) and an admin token."""
     workdir: Path = tmp_path_factory.mktemp("tokened")
@@ -150,8 +160,11 @@ async def test_item3_grpc_token_refuses_streams_not_from_envoy(tokened: Stack, h
 
 
 # -- 4. CPU exhaustion before any check ---------------------------------------------------------------------------
-async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(stack: Stack,
+@pytest.mark.parametrize("body_mode", ["stack", "streamed"])
+async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(body_mode: str, request: pytest.FixtureRequest,
                                                                       http: aiohttp.ClientSession) -> None:
+    # Streamed, Envoy sends the body on without waiting: the service stops reading it once it refused.
+    stack: Stack = request.getfixturevalue(body_mode)
     hostile = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}] * 100_000}).encode()
     service = stack.children["service"].pid
     cpu_before, sent = cpu_seconds(service), 0
@@ -330,14 +343,17 @@ async def test_item9_models_listing_needs_a_key_and_shows_only_allowed_models(st
         assert [m["id"] for m in (await response.json())["data"]] == TENANTS["lister"][2]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def impatient(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
-    """Short bounds on slow clients (they must exceed the longest admission-queue wait: no queue here)."""
-    workdir: Path = tmp_path_factory.mktemp("impatient")
-    settings = {"flow_control": {"enabled": False},
-                "envoy": {"request_headers_timeout_s": 1, "request_timeout_s": 2}}
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "streamed"])
+async def impatient(request: pytest.FixtureRequest,
+                    tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """Short bounds on slow clients (they must exceed the longest admission-queue wait: no queue here), with the
+    body buffered and streamed (there the headers reply is held while the client uploads: Envoy's message timer
+    must not cut it short of the request timeout)."""
+    workdir: Path = tmp_path_factory.mktemp(f"impatient-{request.param}")
+    envoy = {"request_headers_timeout_s": 1, "request_timeout_s": 2, "request_body_mode": request.param}
     async with ProcessGroup(workdir / "logs") as group:
-        yield await launch_stack(group, workdir, POOLS, extra_policy=settings, sim_args=FAST)
+        yield await launch_stack(group, workdir, POOLS, envoy=envoy, extra_policy={"flow_control": {"enabled": False}},
+                                 sim_args=FAST)
 
 
 async def closed_within(port: int, first: bytes, bound_s: float) -> bytes:

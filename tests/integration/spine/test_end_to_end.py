@@ -1,6 +1,6 @@
 """Real Envoy + our service + the simulated fleet on 127.0.0.1: routing, errors, streaming, failure mode; every test
 once per request body mode of policy mode (buffered: the body after the headers reply; streamed: the body right
-behind the headers, the headers reply held until the body is decided)."""
+behind the headers, the headers reply held until the body is decided) and per front end of the gRPC port."""
 
 from __future__ import annotations
 
@@ -23,13 +23,17 @@ CHAT = SimPool("chat", "org/chat-8b", 3, aliases=("chat", "gpt-4o-mini"))
 SMALL = SimPool("small", "org/small-1b", 1, aliases=("small",))
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "streamed"])
+@pytest_asyncio.fixture(loop_scope="module", scope="module",
+                        params=["buffered/grpcio", "streamed/grpcio", "buffered/lean", "streamed/lean"])
 async def stack(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup]]:
-    workdir: Path = tmp_path_factory.mktemp(f"spine-{request.param}")
+    """Once per request body mode and front end (grpc.aio, or the lean HTTP/2 one: extproc/server/h2/)."""
+    body_mode, front_end = request.param.split("/")
+    workdir: Path = tmp_path_factory.mktemp(f"spine-{body_mode}-{front_end}")
     async with ProcessGroup(workdir / "logs") as group:
         yield await launch_stack(group, workdir, [CHAT, SMALL], sim_args=["--stream-chunk-tokens", "2"],
-                                 extra_policy={"envoy": {"request_body_mode": request.param}}), group
+                                 envoy={"request_body_mode": body_mode},
+                                 patch=lambda document: document["service"].update(front_end=front_end)), group
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module")

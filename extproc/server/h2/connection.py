@@ -1,0 +1,409 @@
+"""One HTTP/2 connection of the lean front end: frames in, calls out (RFC 9113; gRPC over HTTP/2).
+
+Everything runs in asyncio's `data_received` callback and the calls' tasks: no threads, and the replies a loop
+iteration produces leave in one write. Bounds, each answered with the protocol's own error: frames over 16 KiB,
+header blocks over 64 KiB (decoded lists over 64 KiB), more concurrent streams than advertised (REFUSED_STREAM),
+gRPC messages over `max_message` (RESOURCE_EXHAUSTED), compressed messages (none were offered), data beyond the
+windows we granted (FLOW_CONTROL_ERROR). A stream's window is given back only as its servicer reads, so a peer can
+buffer at most one window per stream and one per connection here. What we send waits for the peer's windows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import grpc
+from hpack import Decoder, HPACKError
+
+from extproc.server.h2 import frames as f
+from extproc.server.h2.calls import EOF, Abort, Call, Handler
+
+log = logging.getLogger(__name__)
+
+MAX_STREAMS = 1024
+MAX_HEADER_BLOCK = 65_536
+_HEAD = struct.Struct(">IBI")
+_U32 = struct.Struct(">I")
+# A method: how to parse its requests, and what runs it.
+Method = tuple[Callable[[bytes], Any], Handler]
+
+
+class GrpcConnection(asyncio.Protocol):
+    def __init__(self, methods: Mapping[bytes, Method], max_message: int,
+                 on_close: Callable[[GrpcConnection], None] | None = None) -> None:
+        self.methods = methods
+        self.max_message = max_message
+        self.window = max(16 << 20, 2 * (max_message + 5))  # what we grant: per stream and for the connection
+        self.on_close = on_close
+        self.buffer = bytearray()
+        self.preface = False
+        self.transport: asyncio.Transport | None = None
+        self.decoder = Decoder()
+        self.decoder.max_header_list_size = MAX_HEADER_BLOCK
+        self.calls: dict[int, Call] = {}
+        self.data: dict[int, bytearray] = {}  # per stream: bytes of an incomplete gRPC message
+        self.block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments of an unfinished block
+        self.last_stream = 0
+        self.recv_window = self.window
+        self.consumed = 0  # connection-level bytes read, not yet given back
+        self.send_window = f.DEFAULT_WINDOW  # the peer's, for the connection
+        self.peer_window = f.DEFAULT_WINDOW  # the peer's initial stream window
+        self.peer_frame = f.DEFAULT_MAX_FRAME
+        self.out: list[bytes] = []
+        self.flushing = False
+        self.closing = False  # GOAWAY sent: no new streams
+
+    # -- transport --------------------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is no asyncio.Transport
+        self.emit(f.settings({f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: self.window,
+                              f.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK, f.ENABLE_PUSH: 0}))
+        self.emit(f.window_update(0, self.window - f.DEFAULT_WINDOW))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for call in list(self.calls.values()):
+            self.drop(call)
+        if self.on_close is not None:
+            self.on_close(self)
+
+    def emit(self, data: bytes) -> None:
+        """Queue bytes; everything one loop iteration produces leaves in one write."""
+        self.out.append(data)
+        if not self.flushing:
+            self.flushing = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self.flushing = False
+        if self.out and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(self.out))
+        self.out.clear()
+
+    def fail(self, code: int, why: str) -> None:
+        """A connection error: GOAWAY, then close (its calls are cancelled as the connection goes)."""
+        log.warning("closing an HTTP/2 connection of the lean front end: %s", why)
+        self.emit(f.goaway(self.last_stream, code))
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
+
+    def goaway(self) -> None:
+        """Drain: no new streams; those open finish."""
+        if not self.closing:
+            self.closing = True
+            self.emit(f.goaway(self.last_stream, f.NO_ERROR))
+
+    # -- frames in --------------------------------------------------------------------------------------------
+    def data_received(self, data: bytes) -> None:
+        buffer = self.buffer
+        buffer += data
+        if not self.preface:
+            if len(buffer) < len(f.PREFACE):
+                if not f.PREFACE.startswith(bytes(buffer)):
+                    self.fail(f.PROTOCOL_ERROR, "not HTTP/2")
+                return
+            if bytes(buffer[:len(f.PREFACE)]) != f.PREFACE:
+                self.fail(f.PROTOCOL_ERROR, "not HTTP/2")
+                return
+            del buffer[:len(f.PREFACE)]
+            self.preface = True
+        at, size = 0, len(buffer)
+        while size - at >= f.FRAME_HEADER and self.transport is not None and not self.transport.is_closing():
+            word, flags, stream = _HEAD.unpack_from(buffer, at)
+            length = word >> 8
+            if length > f.DEFAULT_MAX_FRAME:
+                self.fail(f.FRAME_SIZE_ERROR, f"a frame of {length} bytes")
+                return
+            end = at + f.FRAME_HEADER + length
+            if end > size:
+                break
+            self.on_frame(word & 0xFF, flags, stream & 0x7FFFFFFF, bytes(buffer[at + f.FRAME_HEADER:end]))
+            at = end
+        del buffer[:at]
+
+    def on_frame(self, kind: int, flags: int, stream: int, payload: bytes) -> None:
+        if self.block is not None and kind != f.CONTINUATION:
+            self.fail(f.PROTOCOL_ERROR, "a header block interrupted")
+        elif kind == f.DATA:
+            self.on_data(flags, stream, payload)
+        elif kind == f.HEADERS:
+            self.on_headers(flags, stream, payload)
+        elif kind == f.CONTINUATION:
+            if self.block is None or self.block[0] != stream:
+                self.fail(f.PROTOCOL_ERROR, "CONTINUATION without HEADERS")
+                return
+            self.block[2].extend(payload)
+            if flags & f.END_HEADERS:
+                stream_id, first_flags, block = self.block
+                self.block = None
+                self.on_block(stream_id, first_flags, bytes(block))
+            elif len(self.block[2]) > MAX_HEADER_BLOCK:
+                self.fail(f.ENHANCE_YOUR_CALM, "a header block over 64 KiB")
+        elif kind == f.SETTINGS:
+            self.on_settings(flags, stream, payload)
+        elif kind == f.PING:
+            if len(payload) != 8 or stream:
+                self.fail(f.FRAME_SIZE_ERROR, "a malformed PING")
+            elif not flags & f.ACK:
+                self.emit(f.frame(f.PING, f.ACK, 0, payload))
+        elif kind == f.WINDOW_UPDATE:
+            self.on_window_update(stream, payload)
+        elif kind == f.RST_STREAM:
+            call = self.calls.get(stream)
+            if call is not None:
+                self.drop(call)
+        elif kind == f.GOAWAY:
+            self.closing = True
+            if not self.calls and self.transport is not None:
+                self.transport.close()
+        elif kind == f.PUSH_PROMISE:
+            self.fail(f.PROTOCOL_ERROR, "PUSH_PROMISE from a client")
+        # PRIORITY and unknown frame types are ignored (RFC 9113 4.1, 5.3.2)
+
+    def on_headers(self, flags: int, stream: int, payload: bytes) -> None:
+        start, end = 0, len(payload)
+        if flags & f.PADDED:
+            if not payload or payload[0] >= len(payload):
+                self.fail(f.PROTOCOL_ERROR, "bad padding")
+                return
+            start, end = 1, end - payload[0]
+        if flags & f.PRIORITY_FLAG:
+            start += 5
+        if start > end:
+            self.fail(f.FRAME_SIZE_ERROR, "a short HEADERS frame")
+            return
+        if flags & f.END_HEADERS:
+            self.on_block(stream, flags, payload[start:end])
+        else:
+            self.block = (stream, flags, bytearray(payload[start:end]))
+
+    def on_block(self, stream: int, flags: int, block: bytes) -> None:
+        try:  # every block is decoded: the decoder's table must follow the peer's
+            headers = self.decoder.decode(block, raw=True)
+        except HPACKError as error:
+            self.fail(f.COMPRESSION_ERROR, f"HPACK: {error}")
+            return
+        call = self.calls.get(stream)
+        if call is not None:  # the client's trailers (gRPC sends none): the end of its input at most
+            if flags & f.END_STREAM:
+                self.end_input(call)
+            return
+        if stream % 2 == 0 or stream <= self.last_stream:
+            self.fail(f.PROTOCOL_ERROR, f"a new stream {stream} after {self.last_stream}")
+            return
+        self.last_stream = stream
+        if self.closing or len(self.calls) >= MAX_STREAMS:
+            self.emit(f.rst_stream(stream, f.REFUSED_STREAM))
+            return
+        self.start_call(stream, headers, bool(flags & f.END_STREAM))
+
+    def start_call(self, stream: int, headers: Iterable[tuple[bytes | str, bytes | str]], ended: bool) -> None:
+        path = b""
+        metadata: list[tuple[str, str]] = []
+        for name, value in headers:  # raw=True: bytes
+            key = name if isinstance(name, bytes) else name.encode()
+            raw = value if isinstance(value, bytes) else value.encode()
+            if key == b":path":
+                path = raw
+            elif not key.startswith(b":"):
+                metadata.append((key.decode("latin-1"), raw.decode("latin-1")))
+        method = self.methods.get(path)
+        if method is None:
+            self.emit(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, stream,
+                              f.trailers_only(grpc.StatusCode.UNIMPLEMENTED.value[0], "unknown method")))
+            return
+        parse, handler = method
+        call = Call(self, stream, tuple(metadata), parse, self.peer_window)
+        self.calls[stream] = call
+        self.data[stream] = bytearray()
+        call.task = asyncio.ensure_future(self.run(call, handler))
+        if ended:
+            self.end_input(call)
+
+    def on_data(self, flags: int, stream: int, payload: bytes) -> None:
+        size = len(payload)
+        self.recv_window -= size
+        if self.recv_window < 0:
+            self.fail(f.FLOW_CONTROL_ERROR, "data beyond the connection window")
+            return
+        call = self.calls.get(stream)
+        if call is None or call.ended:  # a stream we reset or finished: its bytes are given back at once
+            self.credit(None, size)
+            return
+        start, end = 0, size
+        if flags & f.PADDED:
+            if not payload or payload[0] >= size:
+                self.fail(f.PROTOCOL_ERROR, "bad padding")
+                return
+            start, end = 1, size - payload[0]
+        self.credit(None, size - (end - start))  # padding is nobody's message
+        data = self.data[stream]
+        data += payload[start:end]
+        if len(data) > self.window:
+            self.fail(f.FLOW_CONTROL_ERROR, "data beyond the stream window")
+            return
+        at = 0
+        while len(data) - at >= 5:
+            compressed, length = data[at], _U32.unpack_from(data, at + 1)[0]
+            if compressed or length > self.max_message:
+                self.refuse(call, grpc.StatusCode.RESOURCE_EXHAUSTED if length > self.max_message else
+                            grpc.StatusCode.UNIMPLEMENTED, "message too large" if length > self.max_message
+                            else "compressed messages are not accepted")
+                return
+            if len(data) - at - 5 < length:
+                break
+            try:
+                message = call.parse(bytes(data[at + 5:at + 5 + length]))
+            except Exception:  # a message that does not parse ends its call, not the connection
+                self.refuse(call, grpc.StatusCode.INTERNAL, "message does not parse")
+                return
+            call.inbox.put_nowait((message, 5 + length))
+            at += 5 + length
+        del data[:at]
+        if flags & f.END_STREAM:
+            self.end_input(call)
+
+    def end_input(self, call: Call) -> None:
+        call.ended = True
+        call.inbox.put_nowait((EOF, 0))
+
+    def on_settings(self, flags: int, stream: int, payload: bytes) -> None:
+        if stream or len(payload) % 6:
+            self.fail(f.FRAME_SIZE_ERROR, "a malformed SETTINGS frame")
+            return
+        if flags & f.ACK:
+            return
+        for at in range(0, len(payload), 6):
+            key, value = struct.unpack_from(">HI", payload, at)
+            if key == f.INITIAL_WINDOW_SIZE:
+                if value > f.MAX_WINDOW:
+                    self.fail(f.FLOW_CONTROL_ERROR, "an initial window over 2^31-1")
+                    return
+                for call in self.calls.values():
+                    call.send_window += value - self.peer_window
+                self.peer_window = value
+            elif key == f.MAX_FRAME_SIZE:
+                if not f.DEFAULT_MAX_FRAME <= value <= 16_777_215:
+                    self.fail(f.PROTOCOL_ERROR, "a bad max frame size")
+                    return
+                self.peer_frame = value
+        self.emit(f.frame(f.SETTINGS, f.ACK, 0))
+        self.pump()
+
+    def on_window_update(self, stream: int, payload: bytes) -> None:
+        if len(payload) != 4:
+            self.fail(f.FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE")
+            return
+        increment = _U32.unpack(payload)[0] & 0x7FFFFFFF
+        if stream == 0:
+            self.send_window += increment
+            if self.send_window > f.MAX_WINDOW:
+                self.fail(f.FLOW_CONTROL_ERROR, "the connection window over 2^31-1")
+                return
+        elif (call := self.calls.get(stream)) is not None:
+            call.send_window += increment
+        self.pump()
+
+    def credit(self, call: Call | None, size: int) -> None:
+        """Bytes consumed: given back to the peer once half a window has gathered (connection, and stream)."""
+        self.consumed += size
+        self.recv_window += size
+        if self.consumed >= self.window // 2:
+            self.emit(f.window_update(0, self.consumed))
+            self.consumed = 0
+        if call is not None and not call.ended:
+            call.consumed += size
+            if call.consumed >= self.window // 2:
+                self.emit(f.window_update(call.stream_id, call.consumed))
+                call.consumed = 0
+
+    # -- calls out --------------------------------------------------------------------------------------------
+    async def run(self, call: Call, handler: Handler) -> None:
+        try:
+            response = await handler(call)
+            if response is not None:
+                await self.send_message(call, response.SerializeToString())
+            status, message = grpc.StatusCode.OK, ""
+        except asyncio.CancelledError:
+            raise
+        except Abort as abort:
+            status, message = abort.code, abort.details
+        except Exception:
+            log.exception("a call on the lean front end failed")
+            status, message = grpc.StatusCode.INTERNAL, "internal error"
+        await self.drained(call)
+        self.finish(call, status.value[0], message)
+
+    async def send_message(self, call: Call, payload: bytes) -> None:
+        if not call.sending:
+            return
+        if not call.started:
+            call.started = True
+            self.emit(f.frame(f.HEADERS, f.END_HEADERS, call.stream_id, f.RESPONSE_HEADERS))
+        data = b"\x00" + _U32.pack(len(payload)) + payload
+        step = self.peer_frame
+        for at in range(0, len(data), step):
+            piece = data[at:at + step]
+            call.pending.append(piece)
+            call.pending_bytes += len(piece)
+        self.pump(call)
+        await self.drained(call)
+
+    async def drained(self, call: Call) -> None:
+        """Until what the call wrote left (the peer's windows may hold it back)."""
+        while call.pending and call.sending:
+            waiter = asyncio.get_running_loop().create_future()
+            call.waiters.append(waiter)
+            await waiter
+
+    def pump(self, only: Call | None = None) -> None:
+        """Send held DATA frames as the windows allow, in order per stream."""
+        for call in (only,) if only is not None else tuple(self.calls.values()):
+            while call.pending and min(call.send_window, self.send_window) >= len(call.pending[0]):
+                piece = call.pending.popleft()
+                call.pending_bytes -= len(piece)
+                call.send_window -= len(piece)
+                self.send_window -= len(piece)
+                self.emit(f.frame(f.DATA, 0, call.stream_id, piece))
+            if not call.pending:
+                for waiter in call.waiters:
+                    if not waiter.done():
+                        waiter.set_result(None)
+                call.waiters.clear()
+
+    def finish(self, call: Call, status: int, message: str = "") -> None:
+        if not call.sending:
+            return
+        call.sending = False
+        block = f.trailers(status, message) if call.started else f.trailers_only(status, message)
+        self.emit(f.frame(f.HEADERS, f.END_HEADERS | f.END_STREAM, call.stream_id, block))
+        self.forget(call)
+        if not call.ended:  # we are done before the peer: it need not send the rest (RFC 9113 8.1)
+            self.emit(f.rst_stream(call.stream_id, f.NO_ERROR))
+
+    def refuse(self, call: Call, code: grpc.StatusCode, message: str) -> None:
+        """End a call whose input broke a bound: status to the peer, the servicer's task cancelled."""
+        self.finish(call, code.value[0], message)
+        self.drop(call)
+
+    def drop(self, call: Call) -> None:
+        """The stream is gone (reset by the peer, refused, or the connection lost): its servicer is cancelled,
+        which runs its cleanup (leases released)."""
+        call.sending = False
+        self.forget(call)
+        for waiter in call.waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+
+    def forget(self, call: Call) -> None:
+        self.calls.pop(call.stream_id, None)
+        self.data.pop(call.stream_id, None)
+        if self.closing and not self.calls and self.transport is not None:
+            self.flush()
+            self.transport.close()
