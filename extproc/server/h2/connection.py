@@ -37,7 +37,8 @@ class GrpcConnection(asyncio.Protocol):
                  on_close: Callable[[GrpcConnection], None] | None = None) -> None:
         self.methods = methods
         self.max_message = max_message
-        self.window = max(16 << 20, 2 * (max_message + 5))  # what we grant: per stream and for the connection
+        # What we grant, per stream and for the connection: two of the largest messages (RFC 9113 caps it).
+        self.window = min(f.MAX_WINDOW, max(16 << 20, 2 * (max_message + 5)))
         self.on_close = on_close
         self.buffer = bytearray()
         self.preface = False
