@@ -74,10 +74,14 @@ class LeanServer:
         running = [call.task for c in self._connections for call in c.calls.values() if call.task is not None]
         if running:  # calls end when Envoy's exchanges do, within the grace
             await asyncio.wait(running, timeout=grace_s)
+        cut = []
         for connection in list(self._connections):
             for call in list(connection.calls.values()):
-                connection.drop(call)
+                connection.drop(call)  # past the grace: cancelled, their cleanup runs now
+                if call.task is not None:
+                    cut.append(call.task)
             if connection.transport is not None:
                 connection.flush()
                 connection.transport.close()
+        await asyncio.gather(*cut, return_exceptions=True)
         await self._server.wait_closed()

@@ -64,17 +64,17 @@ async def streamed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[St
                                  extra_policy=policy(str(workdir / "keys.json")), sim_args=FAST)
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def tokened(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
-    """The same stack with a gRPC token (ext_proc and access log) and an admin token."""
-    workdir: Path = tmp_path_factory.mktemp("tokened")
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["grpcio", "lean"])
+async def tokened(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
+    """The same stack with a gRPC token (ext_proc and access log) and an admin token, on either front end."""
+    workdir: Path = tmp_path_factory.mktemp(f"tokened-{request.param}")
     (workdir / "keys.json").write_text(keys_file())
     (workdir / "grpc-token").write_text("s3cret-token\n")
     (workdir / "admin-token").write_text("adm1n\n")
     secrets = {"grpc_token_file": str(workdir / "grpc-token"), "admin_token_file": str(workdir / "admin-token")}
 
     def add_secrets(document: dict[str, Any]) -> None:
-        document["service"].update(secrets)  # next to the ports the stack picked
+        document["service"].update(secrets, front_end=request.param)  # next to the ports the stack picked
 
     async with ProcessGroup(workdir / "logs") as group:
         yield await launch_stack(group, workdir, POOLS, extra_policy=policy(str(workdir / "keys.json")),
