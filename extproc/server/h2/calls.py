@@ -32,7 +32,7 @@ class Call:
     (response headers sent or not, data held back by the peer's flow-control windows), its task."""
 
     __slots__ = ("connection", "consumed", "ended", "inbox", "metadata", "parse", "pending", "pending_bytes",
-                 "send_window", "sending", "started", "stream_id", "task", "waiters")
+                 "recv_window", "send_window", "sending", "started", "stream_id", "task", "waiters")
 
     def __init__(self, connection: GrpcConnection, stream_id: int, metadata: tuple[tuple[str, str], ...],
                  parse: Callable[[bytes], Any], send_window: int) -> None:
@@ -43,6 +43,7 @@ class Call:
         self.inbox: asyncio.Queue[tuple[Any, int]] = asyncio.Queue()
         self.ended = False  # the peer ended its side (EOF queued)
         self.consumed = 0  # bytes read by the servicer and not yet given back to the peer's stream window
+        self.recv_window = connection.window  # what the peer may still send on this stream
         self.started = False  # our response headers went out
         self.sending = True  # our side is open (trailers not sent)
         self.send_window = send_window

@@ -4,8 +4,10 @@ Everything runs in asyncio's `data_received` callback and the calls' tasks: no t
 iteration produces leave in one write. Bounds, each answered with the protocol's own error: frames over 16 KiB,
 header blocks over 64 KiB (decoded lists over 64 KiB), more concurrent streams than advertised (REFUSED_STREAM),
 gRPC messages over `max_message` (RESOURCE_EXHAUSTED), compressed messages (none were offered), data beyond the
-windows we granted (FLOW_CONTROL_ERROR). A stream's window is given back only as its servicer reads, so a peer can
-buffer at most one window per stream and one per connection here. What we send waits for the peer's windows.
+windows we granted (FLOW_CONTROL_ERROR). A stream's window (one largest message) is given back only as its
+servicer reads, so a peer buffers at most that per stream here; the connection's is given back as bytes arrive (a
+connection window shared by partial messages could otherwise stall them all). What we send waits for the peer's
+windows.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class GrpcConnection(asyncio.Protocol):
         self.methods = methods
         self.max_message = max_message
         # What we grant, per stream and for the connection: two of the largest messages (RFC 9113 caps it).
-        self.window = min(f.MAX_WINDOW, max(16 << 20, 2 * (max_message + 5)))
+        self.window = min(f.MAX_WINDOW, max_message + 5 + 65_536)  # per stream: one message, and the next frames
+        self.connection_window = 64 << 20
         self.on_close = on_close
         self.buffer = bytearray()
         self.preface = False
@@ -49,8 +52,8 @@ class GrpcConnection(asyncio.Protocol):
         self.data: dict[int, bytearray] = {}  # per stream: bytes of an incomplete gRPC message
         self.block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments of an unfinished block
         self.last_stream = 0
-        self.recv_window = self.window
-        self.consumed = 0  # connection-level bytes read, not yet given back
+        self.recv_window = self.connection_window
+        self.consumed = 0  # connection-level bytes received, not yet given back
         self.send_window = f.DEFAULT_WINDOW  # the peer's, for the connection
         self.peer_window = f.DEFAULT_WINDOW  # the peer's initial stream window
         self.peer_frame = f.DEFAULT_MAX_FRAME
@@ -63,7 +66,7 @@ class GrpcConnection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]  # uvloop's TCPTransport is no asyncio.Transport
         self.emit(f.settings({f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: self.window,
                               f.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK, f.ENABLE_PUSH: 0}))
-        self.emit(f.window_update(0, self.window - f.DEFAULT_WINDOW))
+        self.emit(f.window_update(0, self.connection_window - f.DEFAULT_WINDOW))
 
     def connection_lost(self, exc: Exception | None) -> None:
         for call in list(self.calls.values()):
@@ -231,9 +234,17 @@ class GrpcConnection(asyncio.Protocol):
         if self.recv_window < 0:
             self.fail(f.FLOW_CONTROL_ERROR, "data beyond the connection window")
             return
+        self.consumed += size
+        if self.consumed >= self.connection_window // 2:
+            self.emit(f.window_update(0, self.consumed))
+            self.recv_window += self.consumed
+            self.consumed = 0
         call = self.calls.get(stream)
-        if call is None or call.ended:  # a stream we reset or finished: its bytes are given back at once
-            self.credit(None, size)
+        if call is None or call.ended:  # a stream we reset or finished: nothing more is read from it
+            return
+        call.recv_window -= size
+        if call.recv_window < 0:
+            self.fail(f.FLOW_CONTROL_ERROR, "data beyond the stream window")
             return
         start, end = 0, size
         if flags & f.PADDED:
@@ -241,12 +252,9 @@ class GrpcConnection(asyncio.Protocol):
                 self.fail(f.PROTOCOL_ERROR, "bad padding")
                 return
             start, end = 1, size - payload[0]
-        self.credit(None, size - (end - start))  # padding is nobody's message
+        self.credit(call, size - (end - start))  # padding is nobody's message
         data = self.data[stream]
         data += payload[start:end]
-        if len(data) > self.window:
-            self.fail(f.FLOW_CONTROL_ERROR, "data beyond the stream window")
-            return
         at = 0
         while len(data) - at >= 5:
             compressed, length = data[at], _U32.unpack_from(data, at + 1)[0]
@@ -309,18 +317,15 @@ class GrpcConnection(asyncio.Protocol):
             call.send_window += increment
         self.pump()
 
-    def credit(self, call: Call | None, size: int) -> None:
-        """Bytes consumed: given back to the peer once half a window has gathered (connection, and stream)."""
-        self.consumed += size
-        self.recv_window += size
-        if self.consumed >= self.window // 2:
-            self.emit(f.window_update(0, self.consumed))
-            self.consumed = 0
-        if call is not None and not call.ended:
-            call.consumed += size
-            if call.consumed >= self.window // 2:
-                self.emit(f.window_update(call.stream_id, call.consumed))
-                call.consumed = 0
+    def credit(self, call: Call, size: int) -> None:
+        """A stream's bytes read by its servicer: given back to the peer once half a window has gathered."""
+        if call.ended or not size:
+            return
+        call.consumed += size
+        if call.consumed >= self.window // 2:
+            self.emit(f.window_update(call.stream_id, call.consumed))
+            call.recv_window += call.consumed
+            call.consumed = 0
 
     # -- calls out --------------------------------------------------------------------------------------------
     async def run(self, call: Call, handler: Handler) -> None:

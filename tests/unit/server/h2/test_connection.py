@@ -58,7 +58,10 @@ class Peer:
 
     def message(self, stream: int, payload: bytes, *, end: bool = False, compressed: bool = False) -> None:
         data = bytes((1 if compressed else 0,)) + struct.pack(">I", len(payload)) + payload
-        self.send(f.frame(f.DATA, f.END_STREAM if end else 0, stream, data))
+        pieces = [data[at:at + f.DEFAULT_MAX_FRAME] for at in range(0, len(data), f.DEFAULT_MAX_FRAME)]
+        for index, piece in enumerate(pieces):
+            last = index == len(pieces) - 1
+            self.send(f.frame(f.DATA, f.END_STREAM if end and last else 0, stream, piece))
 
     def frames(self) -> list[tuple[int, int, int, bytes]]:
         """Every frame written since the last call: (type, flags, stream, payload)."""
@@ -180,12 +183,12 @@ async def test_a_hostile_peer_gets_the_protocol_s_error_and_the_connection_close
     assert peer.goaway_code() == code and peer.transport.closed
 
 
-async def test_data_beyond_the_connection_window_is_a_flow_control_error() -> None:
+async def test_data_beyond_a_stream_s_window_is_a_flow_control_error() -> None:
     async def never_reads(call: Call) -> None:
         await asyncio.Event().wait()
 
-    # Windows are given back only as the servicer reads: a peer that keeps sending to one that does not read is
-    # held to one window of buffered messages, then cut off.
+    # A stream's window is given back only as its servicer reads: a peer that keeps sending to one that does not
+    # read is held to one window of buffered messages, then cut off. The connection's window keeps moving.
     peer = Peer(methods(never_reads))
     peer.frames()
     peer.open(1, b"/t/Echo")
@@ -195,8 +198,20 @@ async def test_data_beyond_the_connection_window_is_a_flow_control_error() -> No
         peer.send(f.frame(f.DATA, 0, 1, piece))
         if peer.transport.closed:
             break
-    assert peer.goaway_code() == f.FLOW_CONTROL_ERROR
-    assert not [k for k, *_ in peer.frames() if k == f.WINDOW_UPDATE]  # nothing was given back meanwhile
+    frames = peer.frames()
+    assert not [s for k, _, s, _ in frames if k == f.WINDOW_UPDATE and s == 1]  # nothing given back to stream 1
+    assert [struct.unpack(">II", p[:8])[1] for k, _, _, p in frames if k == f.GOAWAY] == [f.FLOW_CONTROL_ERROR]
+
+
+async def test_a_stream_s_window_comes_back_as_its_servicer_reads() -> None:
+    peer = Peer(methods(), max_message=100_000)
+    peer.frames()
+    peer.open(1, b"/t/Echo")
+    message = Bytes(value=b"y" * 90_000).SerializeToString()  # over half the stream's window of ~165 KB
+    peer.message(1, message)
+    await settle()
+    updates = [struct.unpack(">I", p)[0] for k, _, s, p in peer.frames() if k == f.WINDOW_UPDATE and s == 1]
+    assert updates == [len(message) + 5] and not peer.transport.closed
 
 
 async def test_an_oversized_or_compressed_message_ends_its_call_and_cancels_the_servicer() -> None:
