@@ -54,16 +54,6 @@ async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack
         yield await launch_stack(group, workdir, POOLS, extra_policy=policy(str(workdir / "keys.json")), sim_args=FAST)
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def streamed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
-    """The shared stack's configuration with request bodies streamed right behind the headers."""
-    workdir: Path = tmp_path_factory.mktemp("attacks-streamed")
-    (workdir / "keys.json").write_text(keys_file())
-    async with ProcessGroup(workdir / "logs") as group:
-        yield await launch_stack(group, workdir, POOLS, envoy={"request_body_mode": "streamed"},
-                                 extra_policy=policy(str(workdir / "keys.json")), sim_args=FAST)
-
-
 @pytest_asyncio.fixture(loop_scope="module", scope="module", params=["grpcio", "lean"])
 async def tokened(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """The same stack with a gRPC token (ext_proc and access log) and an admin token, on either front end."""
@@ -160,11 +150,8 @@ async def test_item3_grpc_token_refuses_streams_not_from_envoy(tokened: Stack, h
 
 
 # -- 4. CPU exhaustion before any check ---------------------------------------------------------------------------
-@pytest.mark.parametrize("body_mode", ["stack", "streamed"])
-async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(body_mode: str, request: pytest.FixtureRequest,
+async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(stack: Stack,
                                                                       http: aiohttp.ClientSession) -> None:
-    # Streamed, Envoy sends the body on without waiting: the service stops reading it once it refused.
-    stack: Stack = request.getfixturevalue(body_mode)
     hostile = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}] * 100_000}).encode()
     service = stack.children["service"].pid
     cpu_before, sent = cpu_seconds(service), 0
