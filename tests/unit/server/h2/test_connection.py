@@ -97,8 +97,12 @@ def methods(handler: Callable[[Call], Any] = echo) -> dict[bytes, Any]:
 
 
 async def settle() -> None:
-    for _ in range(5):  # let the calls' tasks run (no wall clock: a few loop iterations)
-        await asyncio.sleep(0)
+    """Let the calls' tasks run: a few turns of the loop (no wall clock)."""
+    loop = asyncio.get_running_loop()
+    for _ in range(5):
+        turn = loop.create_future()
+        loop.call_soon(turn.set_result, None)
+        await turn
 
 
 async def test_the_handshake_grants_our_windows_and_answers_settings_and_ping() -> None:
