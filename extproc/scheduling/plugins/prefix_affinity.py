@@ -71,6 +71,12 @@ class Params:
     # A home must have been hot this long before its prefix is placed elsewhere (0: at once): a burst that an
     # engine clears within a few steps is cheaper to wait out than a full prefill of the prefix elsewhere.
     hot_hold_ms: float = 300.0
+    spill_rehold: bool = False  # EXPERIMENT: a home a prefix just left restarts its hold
+    place_by_count: int = 0  # EXPERIMENT: 1 count before load, 2 count before backlog
+    split_share: float = 0.0  # EXPERIMENT
+    split_decay_ms: float = 2000.0  # EXPERIMENT
+    split_min: float = 0.0  # EXPERIMENT
+    quiet_hold_ms: float = -1.0  # EXPERIMENT: the hold while the home's engine has no queue (<0: hot_hold_ms)
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
 
     def __post_init__(self) -> None:
@@ -92,6 +98,11 @@ class PrefixAffinityScorer:
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
+        self._placed: dict[str, int] = {}
+        self._sent = PrefillBacklog(10.0)
+        self._tree = PrefillBacklog(60.0)
+        self._demand: OrderedDict[int, tuple[float, float]] = OrderedDict()
+        self._total = (0.0, 0.0)
         self._hot_since: dict[str, tuple[float, float]] = {}  # address -> (hot since, last seen hot)
         # id(endpoint set) -> (that set, its endpoints by address, anchor -> top NOMINEES of the set)
         self._ranks: OrderedDict[int, tuple[Sequence[Endpoint], dict[str, Endpoint],
@@ -114,21 +125,72 @@ class PrefixAffinityScorer:
             order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], -rank[i]))
         else:
             backlog = [round(self.backlog.tokens(a, request.now) / _BACKLOG_BUCKET) for a in addresses]
-            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
+            placed = [self._placed.get(a, 0) for a in addresses]
+            if self.params.place_by_count == 1:
+                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], placed[i], loads[i], -rank[i]))
+            elif self.params.place_by_count in (6, 7, 8):
+                tree = [self._tree.tokens(a, request.now) for a in addresses]
+                if self.params.place_by_count == 6:
+                    order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], tree[i], -rank[i]))
+                elif self.params.place_by_count == 7:
+                    order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], tree[i], -rank[i]))
+                else:
+                    order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], round(tree[i] / 3000), loads[i], -rank[i]))
+            elif self.params.place_by_count in (3, 4, 5):
+                sent = [self._sent.tokens(a, request.now) for a in addresses]
+                if self.params.place_by_count == 3:
+                    order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], sent[i], -rank[i]))
+                elif self.params.place_by_count == 4:
+                    order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], sent[i], backlog[i], -rank[i]))
+                else:
+                    order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], round(sent[i] / 4), loads[i], -rank[i]))
+            elif self.params.place_by_count == 2:
+                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], placed[i], backlog[i], loads[i], -rank[i]))
+            else:
+                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
-            addresses[i], loads[i] > hot, request.now)]
+            addresses[i], loads[i] > hot, request.now, self._hold(request, endpoints[i]))]
+        if follow and self.params.split_share > 0:
+            homes = sum(1 for i in range(count) if depth[i] >= near)
+            share = self._share(blocks[deepest - 1], request.now) * count
+            wanted = 1 + int(share / self.params.split_share)
+            if homes < wanted:
+                return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         if follow:
             home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             order.remove(home)
             order.insert(0, home)
+        elif deepest and self.params.spill_rehold:
+            for i in range(count):
+                if depth[i] >= near:
+                    self._hot_since[addresses[i]] = (request.now, request.now)
         return order
 
-    def _held_hot(self, address: str, hot: bool, now: float) -> bool:
-        """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold
+    def _share(self, key: int, now: float) -> float:
+        import math
+        tau = self.params.split_decay_ms / 1000.0
+        count, at = self._total
+        self._total = (count * math.exp(-(now - at) / tau) + 1.0, now)
+        mine, at = self._demand.pop(key, (0.0, now))
+        mine = mine * math.exp(-(now - at) / tau) + 1.0
+        self._demand[key] = (mine, now)
+        if len(self._demand) > 4096:
+            self._demand.popitem(last=False)
+        return mine / self._total[0] if mine >= self.params.split_min else 0.0
+
+    def _hold(self, request: SchedulingRequest, endpoint: Endpoint) -> float:
+        quiet = self.params.quiet_hold_ms
+        if quiet < 0:
+            return self.params.hot_hold_ms / 1000.0
+        metrics = request.load.fresh(endpoint, request.now)
+        queued = metrics is not None and metrics.waiting > 0
+        return (self.params.hot_hold_ms if queued else quiet) / 1000.0
+
+    def _held_hot(self, address: str, hot: bool, now: float, hold: float) -> bool:
+        """Whether `address` has been hot for `hold` s (seen hot at every look since; a look more than the hold
         apart starts over)."""
-        hold = self.params.hot_hold_ms / 1000.0
         if not hot:
             self._hot_since.pop(address, None)
             return False
@@ -186,8 +248,12 @@ class PrefixAffinityScorer:
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
+        self._sent.add(endpoint.address, 1.0, request.now)
+        if held == 0:
+            self._placed[endpoint.address] = self._placed.get(endpoint.address, 0) + 1
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
+        self._tree.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:
             self._outbox.append((endpoint.address, fresh))
             if len(self._outbox) > _OUTBOX_LIMIT:
