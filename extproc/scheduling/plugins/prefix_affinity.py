@@ -25,10 +25,10 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    (requests counted per deepest known prefix, decaying with `split_decay_ms`, once `split_min_requests` of
    them were counted) gets one home per `split_share` of it, placed as in 2 among the endpoints that are not its
    homes yet, before any home is hot. Its home's engine then steps through fewer new prompts at once, and the
-   full prefill a second home costs is paid once, not under the load that makes the home hot (issue 15, Zipf
-   1.1 and drift at 40% load, one real run each, 2 seeds, against the same profile without it: TTFT p90
-   58.2 vs 63.1 and 54.6 vs 55.8 ms, p99 241.6 vs 250.0 and 237.8 vs 252.5 ms, hit rate 0.8898 vs 0.8883 and
-   0.8923 vs 0.8917; reports/routing-s9/drift). Uniform popularity never has such a prefix.
+   full prefill a second home costs is paid once, not under the load that makes the home hot (issue 15, drift
+   and Zipf 1.1 at 40% load, real runs, 2 seeds, on vs off in the same run: TTFT p90 54.1 vs 59.1 and 51.4 vs
+   53.5 ms, p99 247.5 vs 252.5 and 242.0 vs 240.6 ms, hit rate 0.8868 vs 0.8883 and 0.8923 vs 0.8917;
+   reports/routing-s9/drift). Uniform popularity, multi-turn and mixed workloads never have such a prefix.
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
