@@ -4,8 +4,9 @@ parallel processes. Prints one line per variant and workload: hit rate, TTFT p90
 
     .venv/bin/python reports/routing-s9/drift/sweep.py "" "load_slack=16" -- drift40 drift80 zipf40 zipf80 uniform80
 
-Variants are prefix-affinity-scorer overrides (k=v,...; "" = defaults); workloads: NAME = drift|zipf|uniform|multi-turn|mixed
-+ load percent (the bench's rates: 35.16 / 70.33 req/s at 40 / 80%). `--seeds 0,1,2,3` (default), `--jobs 2` (default).
+Variants are prefix-affinity-scorer overrides (k=v,...; "" = defaults) or `sglang` (sglang_like.py routes instead);
+workloads: NAME = drift|zipf|uniform|multi-turn|mixed + load percent (shared-prefix rates: 35.16 / 70.33 req/s at
+40 / 80%; multi-turn and mixed: the bench's capacities). `--seeds 0,1,2,3` (default), `--jobs 2` (default).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from tests.unit.scheduling import fleet_harness
 from tests.unit.scheduling.fleet_harness import run
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sglang_like import SglangLike  # noqa: E402
+from sglang_like import SglangLike
 
 WARMUP_S, DURATION_S = 5.0, 20.0
 RATES = {"40": 35.16, "80": 70.33}
