@@ -205,3 +205,51 @@ def test_in_the_default_profile_queue_and_kv_scores_never_outweigh_the_home() ->
     endpoints[home_index] = endpoint(endpoints[home_index].address, running=4, waiting=2, kv=0.9)
     endpoints[spill_index] = endpoint(endpoints[spill_index].address, kv=0.0)
     assert scheduler.schedule("default", request(prompt + " again"), endpoints, 1)[0] is endpoints[home_index]
+
+
+def _route(scorer: PrefixAffinityScorer, prompt: str, endpoints: list[Endpoint]) -> int:
+    """Score and observe the pick, the fleet's load unchanged (no endpoint ever hot)."""
+    chosen = home(scorer, prompt, endpoints)
+    scorer.observe(request(prompt), endpoints[chosen])
+    return chosen
+
+
+def test_a_prefix_drawing_more_than_its_share_gets_homes_by_demand_before_any_home_is_hot() -> None:
+    endpoints = fleet(8)
+    scorer = PrefixAffinityScorer("p", Params())  # split_share 1.75, split_min_requests 16
+    for other in SYSTEMS[1:17]:  # 16 requests of other prefixes in the counts
+        _route(scorer, other + " q", endpoints)
+    first = _route(scorer, SYSTEMS[0] + " q0", endpoints)  # new: placed, counted in the total only
+    # Its requests 2..16: 1..15 counted, fewer than split_min_requests: they follow the one home.
+    assert {_route(scorer, SYSTEMS[0] + f" q{i}", endpoints) for i in range(1, 16)} == {first}
+    # 16 counted of 33 requests: 0.48 of the pool, 3.9 endpoints' share, 1 + int(3.9 / 1.75) = 3 homes wanted.
+    second = _route(scorer, SYSTEMS[0] + " q16", endpoints)
+    third = _route(scorer, SYSTEMS[0] + " q17", endpoints)
+    assert len({first, second, third}) == 3
+    later = set()
+    for i in range(18, 40):  # about half of the requests: 3 homes wanted throughout, no fourth
+        later.add(_route(scorer, SYSTEMS[0] + f" q{i}", endpoints))
+        _route(scorer, SYSTEMS[17 + i % 20] + " q", endpoints)
+    assert later <= {first, second, third}
+
+
+def test_prefixes_within_their_share_or_with_the_split_off_keep_one_home() -> None:
+    endpoints = fleet(8)
+    even = PrefixAffinityScorer("p", Params())
+    homes: dict[int, set[int]] = {}
+    for round_ in range(40):  # 8 prefixes alike: each one endpoint's share, under split_share 1.75
+        for group in range(8):
+            homes.setdefault(group, set()).add(_route(even, SYSTEMS[group] + f" q{round_}", endpoints))
+    assert all(len(h) == 1 for h in homes.values())
+    off = PrefixAffinityScorer("p", Params(split_share=0))
+    assert len({_route(off, SYSTEMS[0] + f" q{i}", endpoints) for i in range(40)}) == 1
+    assert len(off.demand) == 0  # nothing counted when off
+
+
+def test_split_parameters_are_validated() -> None:
+    for bad in ({"split_share": -1.0}, {"split_decay_ms": 0.0}, {"split_min_requests": -1.0}):
+        try:
+            Params(**bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
