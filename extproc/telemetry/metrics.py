@@ -35,6 +35,13 @@ class GatewayMetrics:
             "extproc_upstream_ttfb_seconds", "Time to the first upstream response byte (headers), per pool",
             ["pool"], buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=registry,
         )
+        # What the gateway adds before the engine sees a request: reading the client's body, the ext_proc
+        # exchange (our decision and its queueing in Envoy and this process) and the upstream connection.
+        self.upstream_send_seconds = Histogram(
+            "extproc_upstream_send_seconds", "From the request's start to its first byte sent upstream, per pool",
+            ["pool"], buckets=(0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1),
+            registry=registry,
+        )
         self.tpot_seconds = Histogram(
             "extproc_tpot_seconds", "Time per output token, from upstream first/last byte times, per pool",
             ["pool"],
