@@ -73,7 +73,9 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
     envoy_only = strategy in ENVOY_STRATEGIES
     alone = envoy_only or strategy in PEERS  # no service of ours in the stack
     replicas = plan.service_replicas(strategy)
-    shared: dict[str, Any] = {"scheduling": plan.scheduling} if plan.scheduling and not alone else {}
+    shared: dict[str, Any] = {"scheduling": dict(plan.scheduling)} if plan.scheduling and not alone else {}
+    if plan.scrape_ms is not None and not alone:
+        shared.setdefault("scheduling", {})["scrape"] = {"interval_ms": plan.scrape_ms}
     if not alone and replicas > 1:  # the replicas' shared store: limits, in-flight counts, placements
         port = free_ports(1)[0]
         await start_redis(group, port)
