@@ -95,6 +95,9 @@ class GatewayMetrics:
         self.fleet_sync_failures = Gauge(
             "extproc_flow_fleet_sync_failures", "Failed in-flight exchanges with the other replicas so far",
             registry=registry)
+        self.scrapes = Gauge("extproc_endpoint_scrapes", "Endpoint /metrics scrapes this process used, by origin: "
+                             "fetched itself (own) or adopted from another replica (shared)", ["origin"],
+                             registry=registry)
         self.placement_sync_failures = Gauge(
             "extproc_scheduling_placement_sync_failures", "Failed exchanges of prefix placements with the other "
             "replicas so far (scheduling.placement_sync_ms)", registry=registry)
