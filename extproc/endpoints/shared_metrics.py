@@ -66,8 +66,16 @@ def _buckets(value: Any) -> tuple[tuple[float, float], ...]:
     """(upper bound, cumulative count) pairs from a flat list; +Inf travels as null (JSON has no infinity)."""
     if not isinstance(value, list) or len(value) % 2 or len(value) > 2 * _MAX_BUCKETS:
         raise ValueError("expected a flat list of at most 64 (bound, count) pairs")
-    return tuple((math.inf if value[i] is None else _number(value[i]), _number(value[i + 1]))
-                 for i in range(0, len(value), 2))
+    given = [b for b in value[0::2] if b is not None]
+    counts = value[1::2]
+    numbers = given + counts
+    # Checked in bulk (C loops): shares arrive every exchange. json.loads takes NaN and Infinity: a sum with
+    # either is not finite.
+    if not all(type(x) is float or type(x) is int for x in numbers) or (numbers and min(numbers) < 0) \
+            or not math.isfinite(sum(numbers)):
+        raise ValueError("expected (bound, count) pairs of finite numbers >= 0 (bound +Inf as null)")
+    bounds = [math.inf if b is None else float(b) for b in value[0::2]]
+    return tuple(zip(bounds, map(float, counts), strict=True))
 
 
 def decode(item: Any, now: float) -> EndpointMetrics:

@@ -41,6 +41,10 @@ class ScrapeShare:
         self._sequence = 0
         self._mine: dict[str, tuple[int, EndpointMetrics]] = {}  # address -> (sequence, own latest scrape)
         self._adopted: dict[str, tuple[str, int]] = {}  # address -> (publishing field, sequence) last adopted
+        # The payload last built (republished as is until a new scrape or an expiry: its stamp dates its ages) and
+        # each other replica's value last read (the same bytes again need no parsing): both every exchange else.
+        self._payload: str | None = None
+        self._seen: dict[str, bytes] = {}
         self._live: Collection[str] = (replica_id,)
         self.adopted_total = 0
         self.skipped_total = 0
@@ -53,6 +57,7 @@ class ScrapeShare:
         """This replica scraped `endpoint` (published at the next exchange)."""
         self._sequence += 1
         self._mine[endpoint.address] = (self._sequence, metrics)
+        self._payload = None
 
     def should_scrape(self, endpoint: Endpoint) -> bool:
         if len(self._live) < 2 or owner(endpoint.address, self._live) == self.replica_id:
@@ -66,11 +71,13 @@ class ScrapeShare:
     def payload(self, now: float, stale_after_s: float) -> str | None:
         """This replica's scrapes younger than `stale_after_s`, stamped with wall time `now` (None: none)."""
         mono = self._clock()
-        self._mine = {a: m for a, m in self._mine.items() if mono - m[1].scraped_at <= stale_after_s}
-        if not self._mine:
-            return None
-        items = {a: [seq, *encode(m, mono - m.scraped_at)] for a, (seq, m) in self._mine.items()}
-        return f"{now:.3f} {json.dumps(items, separators=(',', ':'))}"
+        if any(mono - m.scraped_at > stale_after_s for _, m in self._mine.values()):
+            self._mine = {a: m for a, m in self._mine.items() if mono - m[1].scraped_at <= stale_after_s}
+            self._payload = None
+        if self._payload is None and self._mine:
+            items = {a: [seq, *encode(m, mono - m.scraped_at)] for a, (seq, m) in self._mine.items()}
+            self._payload = f"{now:.3f} {json.dumps(items, separators=(',', ':'))}"
+        return self._payload
 
     def adopt(self, published: Mapping[str, bytes], now: float) -> int:
         """Adopt the other replicas' scrapes (field -> value) that are newer than what each endpoint has; `now`:
@@ -78,9 +85,11 @@ class ScrapeShare:
         by_address = {e.address: e for e in self._endpoints.endpoints()}
         mono = self._clock()
         adopted = 0
+        self._seen = {field: raw for field, raw in self._seen.items() if field in published}
         for field, raw in published.items():
-            if len(raw) > _MAX_PAYLOAD:
+            if len(raw) > _MAX_PAYLOAD or self._seen.get(field) == raw:
                 continue
+            self._seen[field] = raw
             try:
                 stamp, _, body = raw.decode().partition(" ")
                 delay = max(0.0, now - float(stamp))

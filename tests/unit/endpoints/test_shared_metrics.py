@@ -27,7 +27,8 @@ def test_a_scrape_crosses_json_unchanged_and_is_restamped_by_its_age() -> None:
 
 @pytest.mark.parametrize("change", [
     (0, -1.0), (1, "3"), (2, float("nan")), (3, 1.5), (4, "a"), (5, [""]), (5, ["x" * 257]), (5, ["x"] * 65),
-    (6, True), (11, [0.02]), (11, [0.02, -1]), (11, [1.0, 1.0] * 65), (15, None),
+    (6, True), (11, [0.02]), (11, [0.02, -1]), (11, [float("nan"), 1]), (15, [1, float("inf")]),
+    (11, [1.0, 1.0] * 65), (15, None),
 ])
 def test_malformed_fields_are_refused(change: tuple[int, Any]) -> None:
     wire = encode(SCRAPE, 0.0)
