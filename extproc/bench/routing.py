@@ -44,6 +44,7 @@ from extproc.bench.routing_metrics import (
 from extproc.bench.routing_options import split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
+from extproc.bench.routing_samples import dump_point
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.bench.stats import summarize
 from extproc.config import parse_policy
@@ -72,7 +73,9 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
     envoy_only = strategy in ENVOY_STRATEGIES
     alone = envoy_only or strategy in PEERS  # no service of ours in the stack
     replicas = plan.service_replicas(strategy)
-    shared: dict[str, Any] = {"scheduling": plan.scheduling} if plan.scheduling and not alone else {}
+    shared: dict[str, Any] = {"scheduling": dict(plan.scheduling)} if plan.scheduling and not alone else {}
+    if plan.scrape_ms is not None and not alone:
+        shared.setdefault("scheduling", {})["scrape"] = {"interval_ms": plan.scrape_ms}
     if not alone and replicas > 1:  # the replicas' shared store: limits, in-flight counts, placements
         port = free_ports(1)[0]
         await start_redis(group, port)
@@ -143,6 +146,9 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
         cpu_after, self_after = group.cpu_seconds(), self_cpu_seconds()
         metrics_after = await scrape_metrics(client, addresses)
         flow: FlowCounts | None = (await flow_counts(client, admin_ports)) - flow_before if ours else None
+        if plan.samples:
+            await dump_point(client, plan.out / "samples" / f"{strategy}-q{rate:g}-s{seed}", samples, admin_ports,
+                             addresses)
         peer_report: dict[str, Any] | None = None
         if peer is not None:
             peer_after = await scrape_peer(client, peer)

@@ -139,6 +139,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "store, in-flight counts, prefix placements) (default 1)")
     parser.add_argument("--fleet-sync-ms", type=int, default=None,
                         help="with --replicas > 1: flow_control.fleet_sync_ms (default: the policy's, 20; 0 = off)")
+    parser.add_argument("--scrape-ms", type=int, default=None,
+                        help="scheduling.scrape.interval_ms of the service (default: the policy's, 100)")
     parser.add_argument("--endpoints", type=int, default=None,
                         help="simulated vLLM replicas in total (default 8; overload: 4)")
     add_shape_options(parser)
@@ -162,6 +164,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="YAML with `plugins:` and `profiles:` added to the service's `scheduling:` section "
                              "(variants of a profile to compare in one run, e.g. a plugin parameter changed); "
                              "--strategies may name its profiles, with the same suffixes as a built-in one")
+    parser.add_argument("--samples", action="store_true",
+                        help="also write, per point, every measured request (start, TTFT, end, endpoint, cached "
+                             "tokens, labels) as JSON lines and the service replicas' and simulators' /metrics "
+                             "after the run, under OUT/samples/ (for diagnosis; not summarised)")
 
 
 @dataclass(frozen=True)
@@ -185,6 +191,8 @@ class Plan:
     slo_ttft_s: float
     client_timeout_s: float
     scheduling: dict[str, Any] = field(default_factory=dict)  # --scheduling: extra plugins and profiles
+    scrape_ms: int | None = None  # --scrape-ms
+    samples: bool = False  # --samples: every request's outcome and the processes' /metrics after each point
 
     def service_replicas(self, strategy: str) -> int:
         return service_replicas(strategy, self.replicas)
@@ -280,4 +288,4 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 capacity.describe() if capacity else {"rps": None, "rule": "not measured", "pools": {}}, out,
                 workdir, profile_path, args.stream_chunk_tokens, args.replicas,
                 args.fleet_sync_ms, 0.5 if args.slo_ttft is None else args.slo_ttft, args.client_timeout,
-                scheduling)
+                scheduling, getattr(args, "scrape_ms", None), bool(getattr(args, "samples", False)))

@@ -29,6 +29,9 @@ class ScrapeConfig(Strict):
     timeout_ms: int = Field(default=500, ge=10, le=60_000)
     # Older metrics are ignored by scorers (they fall back to this process's own in-flight counts).
     stale_after_ms: int = Field(default=1000, ge=50)
+    # With the replicas' in-flight exchange (extproc.server.fleet): each endpoint is scraped by one replica for
+    # all (extproc.endpoints.shared_metrics), so the engines' scrape load does not grow with the replicas.
+    share: bool = True
 
 
 class SaturationConfig(Strict):

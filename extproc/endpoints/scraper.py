@@ -16,6 +16,7 @@ from types import TracebackType
 
 from extproc.aio import Sleep
 from extproc.endpoints.config import SaturationConfig, ScrapeConfig
+from extproc.endpoints.metrics import EndpointMetrics
 from extproc.endpoints.metrics_transport import (
     HttpMetricsTransport,
     MetricsTransport,
@@ -69,6 +70,10 @@ class MetricsScraper:
         self._clock = clock
         self._saturation = saturation
         self.on_scrape: Callable[[], None] | None = None  # called after every successful scrape
+        # Called with each good scrape of this process (before `on_scrape`): the fleet exchange publishes it.
+        self.on_metrics: Callable[[Endpoint, EndpointMetrics], None] | None = None
+        # Asked before each scrape: False skips the endpoint this round (another replica scrapes it for us).
+        self.should_scrape: Callable[[Endpoint], bool] | None = None
         self._transport_factory = transport
         self._timeout_s = config.timeout_ms / 1000.0
         self._transport: MetricsTransport | None = None
@@ -128,6 +133,8 @@ class MetricsScraper:
             task = self._scrapes.get(endpoint)
             if task is not None and not task.done():
                 continue  # still waiting on a slow endpoint: it skips this round, the others do not wait
+            if self.should_scrape is not None and not self.should_scrape(endpoint):
+                continue
             self._scrapes[endpoint] = asyncio.create_task(self._scrape(endpoint))
 
     async def _scrape(self, endpoint: Endpoint) -> None:
@@ -147,6 +154,8 @@ class MetricsScraper:
             return
         self.scrapes_total += 1
         endpoint.scraped(metrics, in_flight, self._saturation())
+        if self.on_metrics is not None:
+            self.on_metrics(endpoint, metrics)
         if self.on_scrape is not None:
             self.on_scrape()
         if endpoint in self._failing:

@@ -30,6 +30,7 @@ class UsageReport:
     first_byte_s: float | None = None
     last_byte_s: float | None = None
     prompt_estimate: int | None = None  # our raw estimate of the prompt's tokens, from the route's metadata
+    sent_s: float | None = None  # from the start of the request: first byte sent upstream
 
 
 def encode_reservation(reservation: Reservation) -> str:

@@ -74,6 +74,7 @@ def usage_report(entry: accesslog_pb2.HTTPAccessLogEntry) -> UsageReport:
         first_byte_s=_seconds(common.time_to_first_upstream_rx_byte),
         last_byte_s=_seconds(common.time_to_last_upstream_rx_byte),
         prompt_estimate=_number(ours, "prompt_estimate"),
+        sent_s=_seconds(common.time_to_first_upstream_tx_byte),
     )
 
 
@@ -172,6 +173,8 @@ class AccessLogService(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[m
                 tpot = tpot_seconds(ttft, report.last_byte_s, report.completion_tokens)
             if ttft is not None:
                 self._metrics.ttfb_seconds.labels(report.pool).observe(ttft)
+            if report.sent_s is not None:
+                self._metrics.upstream_send_seconds.labels(report.pool).observe(report.sent_s)
             if tpot is not None:
                 self._metrics.tpot_seconds.labels(report.pool).observe(tpot)
             if self._on_pool_outcome is not None:

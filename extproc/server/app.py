@@ -302,7 +302,13 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         if queue_sync is not None:
             scaler.others = queue_sync.others
     service.calibration_sync = build_calibration_sync(policy, parts.calibration)
-    service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all)
+    service.fleet = fleet = build_fleet_sync(policy, endpoints, parts.flow.kick_all,
+                                             lambda: runtimes.current.policy.saturation)
+    metrics.scrapes.labels("own").set_function(lambda: float(scraper.scrapes_total - scraper.failures_total))
+    if fleet is not None and fleet.scrapes is not None:
+        shared = fleet.scrapes
+        scraper.on_metrics, scraper.should_scrape = shared.scraped, shared.should_scrape
+        metrics.scrapes.labels("shared").set_function(lambda: float(shared.adopted_total))
     service.placements = placements = build_placement_sync(policy, lambda: runtimes.current.scheduler)
     if placements is not None:
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))

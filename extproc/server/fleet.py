@@ -10,7 +10,9 @@ not older than `stale_after_s`; the saturation load is never below this replica'
 Fields of replicas that stopped writing are deleted by the next exchange once stale; the hash expires
 when nobody writes.
 A failed exchange keeps the last counts until they are stale, then counts the others as zero (the
-scrape-based estimate alone, as with one replica). Nothing here runs on the request path. Cost: each
+scrape-based estimate alone, as with one replica). With `scrapes` (`scheduling.scrape.share`) each replica also
+publishes its recent endpoint scrapes as a second field in the same call and adopts the others'
+(`extproc.server.scrape_share`). Nothing here runs on the request path. Cost: each
 replica makes one small script call per interval, whose reply carries every replica's counts (R replicas:
 R x 1000 / fleet_sync_ms calls per second on Redis, each returning R entries).
 """
@@ -31,16 +33,19 @@ from extproc.limits.cluster import RedisClient
 from extproc.limits.resp import Script
 from extproc.limits.types import StoreUnavailable
 from extproc.periodic import Periodic
+from extproc.server.scrape_share import SCRAPES_SUFFIX, ScrapeShare
 
 __all__ = ["FLEET_KEY", "FleetSync", "exchange", "parse_counts", "replica_name"]
 
 _log = logging.getLogger(__name__)
 
 FLEET_KEY = "flow:inflight"
-# KEYS[1] the hash; ARGV: own field, own value, hash TTL ms, cutoff time. Fields whose time is older than
-# the cutoff (replicas that stopped publishing) are deleted; the fresh ones are returned.
+# KEYS[1] the hash; ARGV: own field, own value, hash TTL ms, cutoff time, optionally a second own field and
+# value. Fields whose time is older than the cutoff (replicas that stopped publishing) are deleted; the fresh
+# ones are returned.
 _EXCHANGE = Script(r"""
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+if ARGV[5] then redis.call('HSET', KEYS[1], ARGV[5], ARGV[6]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 local cutoff = tonumber(ARGV[4])
 local all = redis.call('HGETALL', KEYS[1])
@@ -60,16 +65,21 @@ return fresh
 
 
 async def exchange(client: RedisClient, key: str, replica_id: str, value: str, now: float,
-                   stale_after_s: float) -> dict[str, bytes]:
-    """Publish `value` ("<wall time> ...") as this replica's field of hash `key`; return the other replicas'
-    values not older than `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
+                   stale_after_s: float, extra: tuple[str, str] | None = None) -> dict[str, bytes]:
+    """Publish `value` ("<wall time> ...") as this replica's field of hash `key` (and `extra`, a second field
+    and value of this replica, also starting with the time); return the other fields not older than
+    `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
     ttl_ms = max(1000, int(stale_after_s * 2000))
     cutoff = f"{now - stale_after_s:.3f}"
-    reply = await client.evalsha(_EXCHANGE, [key], [replica_id, value, ttl_ms, cutoff])
+    args: list[str | int] = [replica_id, value, ttl_ms, cutoff]
+    if extra is not None:
+        args += extra
+    reply = await client.evalsha(_EXCHANGE, [key], args)
+    own = {replica_id, extra[0] if extra is not None else replica_id}
     found: dict[str, bytes] = {}
     for i in range(0, len(reply) - 1, 2):
         field = reply[i].decode()
-        if field != replica_id:
+        if field not in own:
             found[field] = reply[i + 1]
     return found
 
@@ -130,12 +140,15 @@ class FleetSync(ReplicaExchange):
 
     def __init__(self, client: RedisClient, endpoints: EndpointRegistry, interval_s: float, *,
                  stale_after_s: float | None = None, on_sync: Callable[[], None] | None = None,
-                 replica_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
+                 replica_id: str | None = None, clock: Callable[[], float] = time.time,
+                 scrapes: ScrapeShare | None = None) -> None:
+        """`scrapes`: share endpoint scrapes through the same exchange (its replica id is this one's)."""
         super().__init__(client, interval_s)
         self._endpoints = endpoints
         self._stale_after_s = stale_after_s if stale_after_s is not None else max(1.0, 10.0 * interval_s)
         self._on_sync = on_sync
-        self.replica_id = replica_id or replica_name()
+        self.scrapes = scrapes
+        self.replica_id = scrapes.replica_id if scrapes is not None else replica_id or replica_name()
         self._clock = clock
         self._others: dict[str, tuple[float, dict[str, int]]] = {}  # replica -> (time, counts)
         self.syncs_total = 0
@@ -146,15 +159,24 @@ class FleetSync(ReplicaExchange):
         now = self._clock()
         mine = " ".join(f"{ep.address} {ep.in_flight}" for ep in self._endpoints.endpoints() if ep.in_flight > 0)
         value = f"{now:.3f} {mine}" if mine else f"{now:.3f}"
-        values = await exchange(self._client, FLEET_KEY, self.replica_id, value, now, self._stale_after_s)
+        share = self.scrapes
+        published = share.payload(now, self._stale_after_s) if share is not None else None
+        extra = (share.field, published) if share is not None and published is not None else None
+        values = await exchange(self._client, FLEET_KEY, self.replica_id, value, now, self._stale_after_s, extra)
         others: dict[str, tuple[float, dict[str, int]]] = {}
+        scrapes: dict[str, bytes] = {}
         for field, raw in values.items():
+            if field.endswith(SCRAPES_SUFFIX):
+                scrapes[field] = raw
+                continue
             try:
                 others[field] = parse_counts(raw)
             except ValueError as exc:
                 _log.debug("ignoring fleet entry of %s: %s", field, exc)
         self._others = others
         self.syncs_total += 1
+        if share is not None:
+            share.adopt(scrapes, now)
         self._apply(now)
 
     def _apply(self, now: float) -> None:
@@ -166,6 +188,9 @@ class FleetSync(ReplicaExchange):
                 for address, count in counts.items():
                     totals[address] = totals.get(address, 0) + count
         self.replicas = 1 + fresh
+        if self.scrapes is not None:
+            self.scrapes.live([self.replica_id, *(r for r, (at, _) in self._others.items()
+                                                  if now - at <= self._stale_after_s)])
         for endpoint in self._endpoints.endpoints():
             endpoint.others(totals.get(endpoint.address, 0))
         if self._on_sync is not None:

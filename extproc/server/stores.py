@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from extproc.config import Policy
 from extproc.endpoints import EndpointRegistry
+from extproc.endpoints.config import SaturationConfig
 from extproc.gateway.calibration import PromptCalibration
 from extproc.limits.cluster import RedisClient, redis_client
 from extproc.limits.failover import FailoverStore
@@ -26,6 +27,7 @@ from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync, replica_name
 from extproc.server.placements import PlacementSync
 from extproc.server.queue_sync import QueueSync
+from extproc.server.scrape_share import ScrapeShare
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
 
@@ -77,13 +79,22 @@ def build_store(policy: Policy) -> tuple[Store, RedisStore | None]:
     return store, redis
 
 
-def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Callable[[], None]) -> FleetSync | None:
-    """The in-flight exchange between service replicas (flow control), when Redis is the limits store."""
+def build_fleet_sync(policy: Policy, endpoints: EndpointRegistry, on_sync: Callable[[], None],
+                     saturation: Callable[[], SaturationConfig] = SaturationConfig) -> FleetSync | None:
+    """The in-flight exchange between service replicas (flow control), when Redis is the limits store; it
+    shares the endpoints' scrapes too (`scheduling.scrape.share`)."""
     redis_at = redis_settings(policy)
     if redis_at is None or not policy.exchanges_in_flight():
         return None
     interval_s = policy.flow_control.fleet_sync_ms / 1000.0
-    return FleetSync(redis_at.client(max(0.05, interval_s), FleetSync.SCRIPTS), endpoints, interval_s, on_sync=on_sync)
+    scrape = policy.scheduling.scrape
+    scrapes = None
+    if scrape.enabled and scrape.share:
+        # A copy is at most a scrape interval plus two exchanges old; two of each before scraping oneself.
+        fallback_s = 2.0 * (scrape.interval_ms / 1000.0 + interval_s)
+        scrapes = ScrapeShare(endpoints, replica_name(), fallback_s, saturation=saturation)
+    return FleetSync(redis_at.client(max(0.05, interval_s), FleetSync.SCRIPTS), endpoints, interval_s,
+                     on_sync=on_sync, scrapes=scrapes)
 
 
 def build_queue_sync(policy: Policy, queued: Callable[[], dict[str, int]]) -> QueueSync | None:

@@ -35,6 +35,13 @@ class GatewayMetrics:
             "extproc_upstream_ttfb_seconds", "Time to the first upstream response byte (headers), per pool",
             ["pool"], buckets=(0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30), registry=registry,
         )
+        # What the gateway adds before the engine sees a request: reading the client's body, the ext_proc
+        # exchange (our decision and its queueing in Envoy and this process) and the upstream connection.
+        self.upstream_send_seconds = Histogram(
+            "extproc_upstream_send_seconds", "From the request's start to its first byte sent upstream, per pool",
+            ["pool"], buckets=(0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1),
+            registry=registry,
+        )
         self.tpot_seconds = Histogram(
             "extproc_tpot_seconds", "Time per output token, from upstream first/last byte times, per pool",
             ["pool"],
@@ -88,6 +95,9 @@ class GatewayMetrics:
         self.fleet_sync_failures = Gauge(
             "extproc_flow_fleet_sync_failures", "Failed in-flight exchanges with the other replicas so far",
             registry=registry)
+        self.scrapes = Gauge("extproc_endpoint_scrapes", "Endpoint /metrics scrapes this process used, by origin: "
+                             "fetched itself (own) or adopted from another replica (shared)", ["origin"],
+                             registry=registry)
         self.placement_sync_failures = Gauge(
             "extproc_scheduling_placement_sync_failures", "Failed exchanges of prefix placements with the other "
             "replicas so far (scheduling.placement_sync_ms)", registry=registry)

@@ -304,3 +304,20 @@ async def test_hands_each_scrape_to_its_endpoint_with_the_current_rules_and_noti
     assert ep.metrics is not None and ep.metrics.waiting == 1.0 and ep.in_flight_at_scrape == 1
     assert len(notified) == 2
     assert len(rules) == 2  # read at every scrape: a reload needs no call here
+
+
+async def test_skips_what_another_replica_scrapes_and_hands_its_own_scrapes_on() -> None:
+    transport, sleep = FakeTransport(), SteppedSleep()
+    registry = registry_of(A, B)
+    running = scraper(registry, transport, sleep, clock=lambda: 7.0)
+    running.should_scrape = lambda ep: ep.address == A
+    handed: list[tuple[str, float]] = []
+    running.on_metrics = lambda ep, metrics: handed.append((ep.address, metrics.running))
+    async with running:
+        await sleep.wait_parked()
+        await scrapes_done()
+        await sleep.step()
+        await scrapes_done()
+    assert transport.hits == {A: 2}
+    assert endpoint(registry, B).metrics is None
+    assert handed == [(A, 3.0), (A, 3.0)]

@@ -56,6 +56,24 @@ def test_usage_report_is_keyed_by_our_request_id() -> None:
     assert usage_report(entry).request_id == "ours-1"
 
 
+def test_the_gateways_delay_before_upstream_is_recorded_per_pool() -> None:
+    entry = accesslog_pb2.HTTPAccessLogEntry()
+    entry.response.response_code.value = 200
+    ours = struct_pb2.Struct()
+    ours.update({"request_id": "ours-1", "pool": "chat"})
+    entry.common_properties.metadata.filter_metadata["extproc"].CopyFrom(ours)
+    entry.common_properties.time_to_first_upstream_tx_byte.FromMilliseconds(4)
+    entry.common_properties.time_to_first_upstream_rx_byte.FromMilliseconds(9)
+    registry = CollectorRegistry()
+    service = AccessLogService(MemoryStore(), GatewayMetrics(registry))
+    service.observe(usage_report(entry))
+    service.observe(usage_report(accesslog_pb2.HTTPAccessLogEntry()))  # never sent upstream: not counted
+    sample = "extproc_upstream_send_seconds_bucket"
+    assert registry.get_sample_value(sample, {"pool": "chat", "le": "0.003"}) == 0
+    assert registry.get_sample_value(sample, {"pool": "chat", "le": "0.005"}) == 1
+    assert registry.get_sample_value("extproc_upstream_send_seconds_count", {"pool": "chat"}) == 1
+
+
 class Context:
     def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
         self.metadata, self.aborted = metadata, None
