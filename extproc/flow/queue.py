@@ -17,6 +17,7 @@ from before); counters of a class are dropped whenever that class's queue emptie
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -92,15 +93,17 @@ class FairQueue(Generic[W]):
         entry.size += 1
         self._size += 1
 
-    def ranked(self, now: float) -> list[str]:
+    def ranked(self, now: float, priorities: Mapping[str, int] | None = None) -> list[str]:
         """Classes with queued requests, in the order they are served: effective priority (priority +
-        aging of their oldest request), ties to the older oldest request."""
+        aging of their oldest request), ties to the older oldest request. `priorities` replaces the classes'
+        own (those it names): classes given the same one are served in arrival order."""
         ranks: list[tuple[float, float, str]] = []
         for entry in self._classes.values():
             oldest = entry.oldest()
             if oldest is not None:
+                priority = entry.priority if priorities is None else priorities.get(entry.name, entry.priority)
                 waited = max(0.0, now - oldest.enqueued)
-                ranks.append((-(entry.priority + self.aging_per_s * waited), oldest.enqueued, entry.name))
+                ranks.append((-(priority + self.aging_per_s * waited), oldest.enqueued, entry.name))
         return [name for _, _, name in sorted(ranks)]
 
     def pop(self, now: float) -> W | None:
