@@ -4,7 +4,9 @@ Pure data structure, no I/O and no clock of its own (callers pass `now`).
 
 Between classes the next request comes from the class with the highest *effective* priority:
 its priority plus `aging_per_s` points for every second its oldest request has waited, so a lower
-class is never starved forever (ties go to the class whose oldest request is older).
+class is never starved forever (ties go to the class whose oldest request is older). The owner may
+give classes other priorities for one ranking (`ranked`): classes given the same one are served in
+arrival order.
 
 Within a class, tenants share by weighted tokens (virtual token counters, after Sheng et al.,
 "Fairness in Serving Large Language Models", OSDI 2024): each tenant's counter grows by the
