@@ -52,9 +52,14 @@ _NO_RESERVE: Final = 1e-12
 # reserves: at an overload's onset and once a queue lasts (`_reserving`).
 
 
-def _kept(reserve: float, reserving: bool) -> float:
-    """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`)."""
-    return reserve if reserving or reserve <= 0 else _NO_RESERVE
+def _kept(reserve: float, reserving: bool, queued: bool) -> float:
+    """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`). A class
+    without one probes past a learned capacity only while nothing waits here: once requests queue, the pool is
+    full as far as the service knows, and a top-class request waits first in line for the pool's next free seat
+    rather than in one full engine's queue (a probe that lands there waits for that engine's next seat)."""
+    if reserve <= 0:
+        return _NO_RESERVE if queued else 0.0
+    return reserve if reserving else _NO_RESERVE
 
 
 def _levels(config: FlowControlConfig, reserving: bool) -> dict[str, int] | None:
@@ -133,7 +138,7 @@ class FlowController:
         # Whatever is still queued had no room for its class; room for this one means nothing of a
         # class with at most its reserve waits ahead of it.
         reserving = self._reserving(pool, now)
-        reserve = _kept(spec.reserve, reserving)
+        reserve = _kept(spec.reserve, reserving, bool(pool.queue))
         room = self._room(pool_name, now, reserve, pool.pending + 1.0)
         if room.stale:
             pool.stale_decisions += 1
@@ -235,7 +240,7 @@ class FlowController:
         levels = _levels(self.config, reserving)
         priority = classes[klass].priority if levels is None else levels[klass]
         return any(pool.queue.queued(name) and (spec.priority if levels is None else levels[name]) >= priority
-                   and _kept(spec.reserve, reserving) <= reserve for name, spec in classes.items())
+                   and _kept(spec.reserve, reserving, True) <= reserve for name, spec in classes.items())
 
     def _dispatch(self, pool_name: str, pool: _Pool, now: float) -> None:
         """Grant queued requests in rank order while their class has room. A class without room does not
@@ -248,7 +253,7 @@ class FlowController:
             granted = False
             for klass in pool.queue.ranked(now, _levels(self.config, reserving)):
                 spec = self.config.classes.get(klass)
-                reserve = _kept(spec.reserve if spec is not None else 0.0, reserving)
+                reserve = _kept(spec.reserve if spec is not None else 0.0, reserving, True)
                 if reserve not in rooms:
                     rooms[reserve] = self._room(pool_name, now, reserve, math.inf).requests - pool.pending
                 if rooms[reserve] <= 0:
