@@ -113,6 +113,9 @@ class FlowController:
         self._timer = timer
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
+        # Service replicas sharing the pools (the fleet sync's count, set by the app): each sees only its own
+        # completions, so a pool's rate of freed seats is estimated as this replica's times this.
+        self.replicas: Callable[[], int] = lambda: 1
         # Called with the pool's name when a request is held for a pool without a ready endpoint (a rare path:
         # the autoscaler and the sleep manager learn at once that the pool must wake up).
         self.cold_listeners: list[Callable[[str], None]] = []
@@ -159,7 +162,7 @@ class FlowController:
         ticket.cold = room.cold_s > 0
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
-        if self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0:
+        if self._freed_slowly(pool, now):
             pool.latched = True
         self._track(pool, now)
         pool.stats(klass).queued += 1
@@ -225,10 +228,14 @@ class FlowController:
     def _freed_per_s(pool: _Pool, now: float) -> float:
         return pool.freed_per_s * math.exp(-max(0.0, now - pool.freed_at) / FREED_TAU_S)
 
+    def _freed_slowly(self, pool: _Pool, now: float) -> bool:
+        """Seats of the pool free slower than one per RESERVE_FREED_INTERVAL_S, over all service replicas."""
+        return self._freed_per_s(pool, now) * max(1, self.replicas()) * RESERVE_FREED_INTERVAL_S < 1.0
+
     def _reserving(self, pool: _Pool, now: float) -> bool:
         """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
         not while seats free often and nothing has queued for long (a busy pool below saturation)."""
-        return (pool.latched or self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0
+        return (pool.latched or self._freed_slowly(pool, now)
                 or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
 
     def _ahead(self, pool: _Pool, klass: str, reserve: float, reserving: bool) -> bool:

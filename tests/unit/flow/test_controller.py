@@ -239,3 +239,17 @@ async def test_while_reserves_do_not_apply_lower_classes_are_served_in_arrival_o
     filling._room = Fleet(room=2)  # one seat for the lower classes beyond the reserve (0.1 x 10)
     filling.kick("p")
     assert std.granted and not shed.granted
+
+
+async def test_with_several_replicas_the_pools_rate_of_freed_seats_counts_the_others_completions() -> None:
+    """Each replica sees only its own completions: one per 80 ms here is slow for a pool (the reserve would hold
+    standard), but with 3 replicas the pool frees one per ~27 ms, a busy pool whose reserve does not apply."""
+    fleet = Fleet(room=1)  # one seat, inside standard's reserve (0.2 x 10)
+    flows = {n: controller(fleet) for n in (1, 3)}
+    flows[3].replicas = lambda: 3
+    for _ in range(20):
+        fleet.now += 0.08
+        for flow in flows.values():
+            flow.finished("p")
+    assert isinstance(flows[1].offer("p", "t", "standard", 10), Ticket)
+    assert flows[3].offer("p", "t", "standard", 10) == GO
