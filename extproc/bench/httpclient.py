@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extproc.bench.sse import SseScanner, usage_of
+from extproc.http1 import Http1Error, keeps_alive, parse_head, read_chunks
 
 __all__ = ["ErrorKind", "HttpClient", "RequestError", "Response", "SseScanner"]
 
@@ -110,25 +111,6 @@ class _Exchange:
             self.status, self.headers, body, ttft, (end_ns - self.start_ns) / 1e9,
             prompt, completion, chunks, aborted, cached,
         )
-
-
-def _parse_head(head: bytes) -> tuple[str, int, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    version, _, rest = lines[0].partition(" ")
-    code = rest[:3]
-    if not version.startswith("HTTP/1.") or not code.isdigit():
-        raise RequestError("protocol", f"bad status line {lines[0][:80]!r}")
-    headers: dict[str, str] = {}
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            raise RequestError("protocol", f"bad header line {line[:80]!r}")
-        name = name.strip().lower()
-        value = value.strip()
-        headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    return version, int(code), headers
 
 
 class HttpClient:
@@ -255,12 +237,14 @@ class HttpClient:
             head = await reader.readuntil(b"\r\n\r\n")
             ex.received = True
             ex.last_ns = time.perf_counter_ns()
-            version, status, headers = _parse_head(head[:-4])
+            try:
+                version, status, headers = parse_head(head[:-4])
+            except Http1Error as exc:
+                raise RequestError("protocol", str(exc)) from None
             if status >= 200 or status == 101:
                 break
         ex.status, ex.headers = status, headers
-        conn_tokens = headers.get("connection", "").lower()
-        keep_alive = "close" not in conn_tokens and (version == "HTTP/1.1" or "keep-alive" in conn_tokens)
+        keep_alive = keeps_alive(version, headers)
         if "text/event-stream" in headers.get("content-type", ""):
             ex.sse = SseScanner()
             ex.keep = self._stream_body_keep
@@ -268,7 +252,11 @@ class HttpClient:
             ex.reusable = keep_alive and status >= 200
             return
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            await self._read_chunked(reader, ex)
+            try:
+                async for chunk in read_chunks(reader):
+                    ex.on_data(chunk)
+            except Http1Error as exc:
+                raise RequestError("protocol", str(exc)) from None
         elif (length := headers.get("content-length")) is not None:
             if not length.isdigit():
                 raise RequestError("protocol", f"bad content-length {length!r}")
@@ -290,23 +278,6 @@ class HttpClient:
                 raise asyncio.IncompleteReadError(b"", remaining)
             remaining -= len(data)
             ex.on_data(data)
-
-    @staticmethod
-    async def _read_chunked(reader: asyncio.StreamReader, ex: _Exchange) -> None:
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            try:
-                size = int(line.split(b";", 1)[0], 16)
-            except ValueError:
-                raise RequestError("protocol", f"bad chunk size line {line[:40]!r}") from None
-            if size == 0:
-                while await reader.readuntil(b"\r\n") != b"\r\n":
-                    pass  # trailer fields are not needed
-                return
-            data = await reader.readexactly(size + 2)
-            if data[-2:] != b"\r\n":
-                raise RequestError("protocol", "chunk not terminated by CRLF")
-            ex.on_data(data[:-2])
 
     def _release(self, conn: _Conn | None) -> None:
         if conn is None:

@@ -12,6 +12,8 @@ import contextlib
 from collections.abc import Callable
 from typing import Protocol
 
+from extproc.http1 import Http1Error, keeps_alive, parse_head, read_chunks
+
 __all__ = ["MAX_BODY_BYTES", "HttpMetricsTransport", "MetricsTransport", "ScrapeFailed", "TransportFactory"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a vLLM page is ~20-60 KB; anything this large is not one
@@ -105,21 +107,19 @@ class HttpMetricsTransport:
             raise _ClosedIdle from None
         except asyncio.LimitOverrunError:
             raise ScrapeFailed(f"response headers larger than {_MAX_HEAD_BYTES} bytes") from None
-        status_line, *lines = head[:-4].decode("latin-1").split("\r\n")
-        version, _, rest = status_line.partition(" ")
-        code = rest[:3]
-        if not version.startswith("HTTP/1.") or not code.isdigit():
-            raise ScrapeFailed("not an HTTP/1.x response")
-        if code != "200":
+        try:
+            version, code, headers = parse_head(head[:-4])
+        except Http1Error as exc:
+            raise ScrapeFailed(str(exc)) from None
+        if code != 200:
             raise ScrapeFailed(f"HTTP {code}")
-        headers: dict[str, str] = {}
-        for line in lines:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
         limit = self._max_body_bytes
-        keep = version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
+        keep = keeps_alive(version, headers)
         if "chunked" in headers.get("transfer-encoding", "").lower():
-            return await _read_chunked(reader, limit), keep
+            try:
+                return b"".join([chunk async for chunk in read_chunks(reader, limit)]), keep
+            except Http1Error as exc:
+                raise ScrapeFailed(str(exc)) from None
         length = headers.get("content-length")
         if length is not None:
             if not length.isdigit():
@@ -144,23 +144,3 @@ async def _connect(address: str) -> _Connection:
         return await asyncio.open_connection(host.strip("[]"), int(port), limit=_MAX_HEAD_BYTES)
     except OSError as exc:
         raise ScrapeFailed(f"cannot connect: {exc.strerror or type(exc).__name__}") from exc
-
-
-async def _read_chunked(reader: asyncio.StreamReader, limit: int) -> bytes:
-    body = bytearray()
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size_text = size_line.split(b";", 1)[0].strip()
-        if not size_text.isalnum():  # hex digits only (int() would take "-1" or "1_0")
-            raise ScrapeFailed("bad chunk size")
-        try:
-            size = int(size_text, 16)
-        except ValueError:
-            raise ScrapeFailed("bad chunk size") from None
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":  # trailers, then the blank line
-                pass
-            return bytes(body)
-        if len(body) + size > limit:
-            raise ScrapeFailed(f"response larger than {limit} bytes")
-        body += (await reader.readexactly(size + 2))[:-2]

@@ -167,7 +167,7 @@ async def test_a_connection_the_server_closes_is_replaced_and_every_framing_read
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-1\r\n", "bad chunk size"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n", "bad chunk size"),
     (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nfffffff\r\n", "response larger than"),
-    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x response"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "bad status line"),
     (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 70_000 + b"\r\n\r\n", "response headers larger than"),
 ])
 async def test_a_hostile_endpoint_gets_a_bounded_failure(sent: bytes, message: str | None) -> None:
