@@ -90,7 +90,8 @@ class LoadModel:
                 limit += math.floor(max(0.0, now - state.confirmed_at) / self._config.capacity_ttl_s)
         if self._seats is not None:
             limit = float(self._seats) if limit is None else min(float(self._seats), limit)
-        return None if limit is None else math.floor(limit * (1.0 - reserve) + 1e-9)
+        # The seats the reserve keeps, rounded up (a reserve of a few millionths of a seat keeps none).
+        return None if limit is None else limit - max(0, math.ceil(limit * reserve - 1e-6))
 
     def queueing(self, endpoint: Endpoint) -> bool:
         """Whether the engine's own queue has lasted `sustain_ms` (up to its last scrape)."""

@@ -14,15 +14,15 @@ The controller itself is sans-IO: time comes from the injected clock and expiry 
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, Protocol
+from typing import Any, Final, Literal
 
 from extproc.flow.config import FlowControlConfig
-from extproc.flow.queue import FairQueue, Waiter
+from extproc.flow.queue import FairQueue
+from extproc.flow.ticket import Reason, Rejected, Room, Ticket, Timer, asyncio_timer
 
 __all__ = ["GO", "FlowController", "Rejected", "Room", "Ticket", "Timer"]
 
@@ -42,114 +42,32 @@ EXPIRY_MARGIN_S: Final = 0.05
 RESERVE_FREED_INTERVAL_S: Final = 0.05
 SATURATED_AFTER_S: Final = 1.0
 FREED_TAU_S: Final = 0.1
-# The reserve of a class whose reserve does not apply now: no seat kept, but above 0, so it does not probe past a
-# learned capacity as the top class does (`LoadModel.capacity`).
-_NO_RESERVE: Final = 1e-9
+# The reserve of a class whose reserve does not apply now: no seat kept (`LoadModel.capacity` rounds it away), but
+# above 0, so it does not probe past a learned capacity as the top class does.
+_NO_RESERVE: Final = 1e-12
+# While reserves do not apply, the classes that keep one (the lower classes) are peers: they take the same seats, so
+# the queue serves them in arrival order, at the highest priority among them, as the engines' own queues would
+# (a burst at 0.9x then delays each a little instead of the lowest class a lot). A class without a reserve keeps
+# its priority, so it never waits behind a lower one. Priority order between all classes comes back with the
+# reserves: at an overload's onset and once a queue lasts (`_reserving`).
 
 
-def _kept(reserve: float, reserving: bool) -> float:
-    """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`)."""
-    return reserve if reserving or reserve <= 0 else _NO_RESERVE
+def _kept(reserve: float, reserving: bool, queued: bool) -> float:
+    """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`). A class
+    without one probes past a learned capacity only while nothing waits here: once requests queue, the pool is
+    full as far as the service knows, and a top-class request waits first in line for the pool's next free seat
+    rather than in one full engine's queue (a probe that lands there waits for that engine's next seat)."""
+    if reserve <= 0:
+        return _NO_RESERVE if queued else 0.0
+    return reserve if reserving else _NO_RESERVE
 
 
-Reason = Literal["saturated", "queue_full", "displaced", "timeout", "cold_start", "adapter_unavailable", "left"]
-
-
-class TimerHandle(Protocol):
-    def cancel(self) -> None: ...
-
-
-# Calls the function after the delay (seconds); the handle cancels it.
-Timer = Callable[[float, Callable[[], None]], TimerHandle]
-
-
-def _asyncio_timer(delay: float, callback: Callable[[], None]) -> TimerHandle:
-    return asyncio.get_running_loop().call_later(delay, callback)
-
-
-@dataclass(frozen=True, slots=True)
-class Room:
-    """How many more requests of a class a pool takes before it is full."""
-
-    requests: float  # math.inf: no limit known
-    stale: int = 0  # usable endpoints whose metrics were missing or stale
-    # > 0: the pool has no ready endpoint by design (it scales from zero); requests wait up to this long for
-    # its first one, whatever their class.
-    cold_s: float = 0.0
-
-    @classmethod
-    def of(cls, rooms: Iterable[float | None], enough: float = math.inf) -> Room:
-        """A pool's room from its usable endpoints' (None: unknown). An endpoint of unknown room, or no
-        usable endpoint at all, leaves the pool unlimited: flow control never stalls on missing data (and
-        routing answers for a pool without endpoints). Counting stops once the room reaches `enough` or an
-        endpoint's is unknown (then `requests` is a lower bound and `stale` at least 1): large pools are not
-        walked whole when any room will do."""
-        total = 0.0
-        stale = seen = 0
-        for room in rooms:
-            seen += 1
-            if room is None:
-                stale += 1
-                break
-            total += room
-            if total >= enough:
-                break
-        return cls(math.inf if stale or not seen else total, stale)
-
-
-@dataclass(frozen=True, slots=True)
-class Rejected:
-    klass: str
-    reason: Reason
-    status: int
-    retry_after_s: float
-    waited_s: float = 0.0
-
-
-class Ticket(Waiter):
-    """A queued request, as its pool's queue holds it. `await ticket.wait()` -> None when granted, or
-    the `Rejected`."""
-
-    __slots__ = ("_future", "_outcome", "_timer", "cold", "consumed", "pool", "settled")
-
-    def __init__(self, pool: str, tenant: str, klass: str, priority: int, weight: float, tokens: int,
-                 enqueued: float, deadline: float) -> None:
-        super().__init__(tenant, klass, priority, weight, tokens, enqueued, deadline)
-        self.pool = pool
-        self.cold = False  # held because its pool had no ready endpoint
-        self._future: asyncio.Future[Rejected | None] | None = None  # made by the first wait()
-        self._outcome: Rejected | None = None
-        self._timer: TimerHandle | None = None
-        self.settled = False
-        self.consumed = False
-
-    async def wait(self) -> Rejected | None:
-        if self.settled:
-            return self._outcome
-        if self._future is None:
-            self._future = asyncio.get_running_loop().create_future()
-        return await asyncio.shield(self._future)
-
-    @property
-    def granted(self) -> bool:
-        return self.settled and self._outcome is None
-
-    @property
-    def outcome(self) -> Rejected | None:
-        return self._outcome
-
-    def arm(self, timer: Timer, delay_s: float, expire: Callable[[Ticket], None]) -> None:
-        self._timer = timer(delay_s, lambda: expire(self))
-
-    def settle(self, outcome: Rejected | None) -> None:
-        if self.settled:
-            return
-        if self._timer is not None:
-            self._timer.cancel()
-        self.settled = True
-        self._outcome = outcome
-        if self._future is not None and not self._future.done():
-            self._future.set_result(outcome)
+def _levels(config: FlowControlConfig, reserving: bool) -> dict[str, int] | None:
+    """Each class's priority in the queue now: None (their own) while reserves apply, else peers levelled."""
+    lifted = [spec.priority for spec in config.classes.values() if spec.reserve > 0]
+    if reserving or not lifted:
+        return None
+    return {name: max(lifted) if spec.reserve > 0 else spec.priority for name, spec in config.classes.items()}
 
 
 @dataclass(slots=True)
@@ -184,7 +102,7 @@ class _Pool:
 class FlowController:
     def __init__(self, config: Callable[[], FlowControlConfig], room: Callable[[str, float, float, float], Room],
                  clock: Callable[[], float] = time.monotonic,
-                 observe_wait: Callable[[str, float], None] | None = None, timer: Timer = _asyncio_timer) -> None:
+                 observe_wait: Callable[[str, float], None] | None = None, timer: Timer = asyncio_timer) -> None:
         """`config()`: the current policy's flow control, read at each use (a reload needs no call here:
         queued requests keep their class and deadline, new ones use the new classes). `room(pool, now,
         reserve, enough)`: the pool's room for a class keeping `reserve` of every endpoint's capacity free, from
@@ -195,6 +113,9 @@ class FlowController:
         self._timer = timer
         self._observe_wait = observe_wait
         self._pools: dict[str, _Pool] = {}
+        # Service replicas sharing the pools (the fleet sync's count, set by the app): each sees only its own
+        # completions, so a pool's rate of freed seats is estimated as this replica's times this.
+        self.replicas: Callable[[], int] = lambda: 1
         # Called with the pool's name when a request is held for a pool without a ready endpoint (a rare path:
         # the autoscaler and the sleep manager learn at once that the pool must wake up).
         self.cold_listeners: list[Callable[[str], None]] = []
@@ -220,12 +141,12 @@ class FlowController:
         # Whatever is still queued had no room for its class; room for this one means nothing of a
         # class with at most its reserve waits ahead of it.
         reserving = self._reserving(pool, now)
-        reserve = _kept(spec.reserve, reserving)
+        reserve = _kept(spec.reserve, reserving, bool(pool.queue))
         room = self._room(pool_name, now, reserve, pool.pending + 1.0)
         if room.stale:
             pool.stale_decisions += 1
         pool.saturated = room.cold_s > 0 or room.requests - pool.pending <= 0
-        if not pool.saturated and not self._ahead(pool, spec.priority, reserve, reserving):
+        if not pool.saturated and not self._ahead(pool, klass, reserve, reserving):
             pool.stats(klass).direct += 1
             return GO
         wait_s = max(spec.max_wait_s, room.cold_s)
@@ -241,7 +162,7 @@ class FlowController:
         ticket.cold = room.cold_s > 0
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
-        if self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0:
+        if self._freed_slowly(pool, now):
             pool.latched = True
         self._track(pool, now)
         pool.stats(klass).queued += 1
@@ -307,18 +228,26 @@ class FlowController:
     def _freed_per_s(pool: _Pool, now: float) -> float:
         return pool.freed_per_s * math.exp(-max(0.0, now - pool.freed_at) / FREED_TAU_S)
 
+    def _freed_slowly(self, pool: _Pool, now: float) -> bool:
+        """Seats of the pool free slower than one per RESERVE_FREED_INTERVAL_S, over all service replicas."""
+        return self._freed_per_s(pool, now) * max(1, self.replicas()) * RESERVE_FREED_INTERVAL_S < 1.0
+
     def _reserving(self, pool: _Pool, now: float) -> bool:
         """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
         not while seats free often and nothing has queued for long (a busy pool below saturation)."""
-        return (pool.latched or self._freed_per_s(pool, now) * RESERVE_FREED_INTERVAL_S < 1.0
+        return (pool.latched or self._freed_slowly(pool, now)
                 or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
 
-    def _ahead(self, pool: _Pool, priority: int, reserve: float, reserving: bool) -> bool:
+    def _ahead(self, pool: _Pool, klass: str, reserve: float, reserving: bool) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
-        priority: it had no room and neither would this one)."""
+        priority in the queue now: it had no room and neither would this one)."""
+        if not pool.queue:
+            return False
         classes = self.config.classes
-        return any(pool.queue.queued(name) and spec.priority >= priority
-                   and _kept(spec.reserve, reserving) <= reserve for name, spec in classes.items())
+        levels = _levels(self.config, reserving)
+        priority = classes[klass].priority if levels is None else levels[klass]
+        return any(pool.queue.queued(name) and (spec.priority if levels is None else levels[name]) >= priority
+                   and _kept(spec.reserve, reserving, True) <= reserve for name, spec in classes.items())
 
     def _dispatch(self, pool_name: str, pool: _Pool, now: float) -> None:
         """Grant queued requests in rank order while their class has room. A class without room does not
@@ -329,9 +258,9 @@ class FlowController:
         pool.queue.aging_per_s = self.config.aging_per_s
         while granted and pool.queue:
             granted = False
-            for klass in pool.queue.ranked(now):
+            for klass in pool.queue.ranked(now, _levels(self.config, reserving)):
                 spec = self.config.classes.get(klass)
-                reserve = _kept(spec.reserve if spec is not None else 0.0, reserving)
+                reserve = _kept(spec.reserve if spec is not None else 0.0, reserving, True)
                 if reserve not in rooms:
                     rooms[reserve] = self._room(pool_name, now, reserve, math.inf).requests - pool.pending
                 if rooms[reserve] <= 0:

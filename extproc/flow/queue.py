@@ -4,7 +4,9 @@ Pure data structure, no I/O and no clock of its own (callers pass `now`).
 
 Between classes the next request comes from the class with the highest *effective* priority:
 its priority plus `aging_per_s` points for every second its oldest request has waited, so a lower
-class is never starved forever (ties go to the class whose oldest request is older).
+class is never starved forever (ties go to the class whose oldest request is older). The owner may
+give classes other priorities for one ranking (`ranked`): classes given the same one are served in
+arrival order.
 
 Within a class, tenants share by weighted tokens (virtual token counters, after Sheng et al.,
 "Fairness in Serving Large Language Models", OSDI 2024): each tenant's counter grows by the
@@ -17,6 +19,7 @@ from before); counters of a class are dropped whenever that class's queue emptie
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -92,15 +95,17 @@ class FairQueue(Generic[W]):
         entry.size += 1
         self._size += 1
 
-    def ranked(self, now: float) -> list[str]:
+    def ranked(self, now: float, priorities: Mapping[str, int] | None = None) -> list[str]:
         """Classes with queued requests, in the order they are served: effective priority (priority +
-        aging of their oldest request), ties to the older oldest request."""
+        aging of their oldest request), ties to the older oldest request. `priorities` replaces the classes'
+        own (those it names): classes given the same one are served in arrival order."""
         ranks: list[tuple[float, float, str]] = []
         for entry in self._classes.values():
             oldest = entry.oldest()
             if oldest is not None:
+                priority = entry.priority if priorities is None else priorities.get(entry.name, entry.priority)
                 waited = max(0.0, now - oldest.enqueued)
-                ranks.append((-(entry.priority + self.aging_per_s * waited), oldest.enqueued, entry.name))
+                ranks.append((-(priority + self.aging_per_s * waited), oldest.enqueued, entry.name))
         return [name for _, _, name in sorted(ranks)]
 
     def pop(self, now: float) -> W | None:

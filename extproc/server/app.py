@@ -313,6 +313,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
     if placements is not None:
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
     if fleet is not None:
+        parts.flow.replicas = lambda: fleet.replicas
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))
         metrics.fleet_sync_failures.set_function(lambda: float(fleet.failures_total))
     if isinstance(store, FailoverStore):

@@ -5,6 +5,7 @@ import math
 from extproc.config.schema import SaturationConfig
 from extproc.endpoints import Endpoint, EndpointMetrics
 from extproc.endpoints.load import LoadModel
+from extproc.flow.controller import _NO_RESERVE
 
 CONFIG = SaturationConfig(max_kv_utilization=0.9, sustain_ms=1000, capacity_ttl_s=10)
 
@@ -85,6 +86,17 @@ def test_learned_capacity_grows_one_request_per_ttl_until_confirmed_again() -> N
     assert lm.capacity(ep, last + 25, reserve=0.25) == 6  # lower classes never probe: floor(8 x 0.75)
     queue_for(ep, last + 30, 1.2, running=9)
     assert lm.capacity(ep, last + 31.5) == 9
+
+
+def test_a_class_whose_reserve_does_not_apply_gets_every_seat_and_does_not_probe() -> None:
+    """Flow control lifts a lower class's reserve to `_NO_RESERVE` (not 0, which would probe): that must not
+    cost it a seat per endpoint by rounding (it did: floor(32 x (1 - 1e-9) + 1e-9) = 31)."""
+    ep = Endpoint("a:1")
+    last = queue_for(ep, 10.0, 1.2, running=32)
+    lm = model()
+    assert lm.capacity(ep, last + 25, reserve=_NO_RESERVE) == 32  # neither 31 nor the probe's 34
+    for seats in (8, 32, 256, 1024, 100_000):
+        assert model(seats=seats).capacity(Endpoint("b:1"), 0.0, reserve=_NO_RESERVE) == seats
 
 
 def test_configured_seats_cap_the_capacity_and_a_learned_one_lowers_it() -> None:

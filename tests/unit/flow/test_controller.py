@@ -198,3 +198,58 @@ async def test_the_reserve_applies_while_the_pool_is_saturated_and_not_while_sea
         fleet.now += 0.01
         flow.finished("p")
     assert flow.offer("p", "t", "standard", 10) == GO
+
+
+async def test_while_reserves_do_not_apply_lower_classes_are_served_in_arrival_order_and_critical_first() -> None:
+    """Lower classes whose reserves are lifted take the same seats: a burst delays each a little, in arrival
+    order, as the engines' own queues would, not the lowest class a lot. While the pool is saturated (it filled
+    from idle: no seat has freed yet) priority order comes back with the reserves."""
+    classes = {"critical": PriorityClass(priority=100, max_wait_s=5.0),
+               "standard": PriorityClass(priority=50, max_wait_s=5.0, reserve=0.1),
+               "sheddable": PriorityClass(priority=0, max_wait_s=5.0, reserve=0.1)}
+    config = FlowControlConfig.model_validate({"classes": classes})
+    fleet = Fleet(room=0)
+    flow = FlowController(lambda: config, fleet, clock=lambda: fleet.now)
+    for _ in range(20):  # seats free every 10 ms: a busy pool, not a saturated one
+        fleet.now += 0.01
+        flow.finished("p")
+    shed = flow.offer("p", "a", "sheddable", 10)
+    fleet.now += 0.001
+    std = flow.offer("p", "b", "standard", 10)
+    crit = flow.offer("p", "c", "critical", 10)
+    assert isinstance(shed, Ticket) and isinstance(std, Ticket) and isinstance(crit, Ticket)
+    fleet.room = 1
+    fleet.now += 0.01
+    flow.finished("p")
+    assert crit.granted and not shed.granted and not std.granted
+    flow.routed(crit)
+    fleet.now += 0.01
+    flow.finished("p")
+    assert shed.granted and not std.granted  # the older of the two peers
+    flow.routed(shed)
+    fleet.now += 0.01
+    flow.finished("p")
+    assert std.granted
+
+    filling = FlowController(lambda: config, Fleet(room=0), clock=lambda: fleet.now)
+    shed = filling.offer("p", "a", "sheddable", 10)
+    fleet.now += 0.001
+    std = filling.offer("p", "b", "standard", 10)
+    assert isinstance(shed, Ticket) and isinstance(std, Ticket)
+    filling._room = Fleet(room=2)  # one seat for the lower classes beyond the reserve (0.1 x 10)
+    filling.kick("p")
+    assert std.granted and not shed.granted
+
+
+async def test_with_several_replicas_the_pools_rate_of_freed_seats_counts_the_others_completions() -> None:
+    """Each replica sees only its own completions: one per 80 ms here is slow for a pool (the reserve would hold
+    standard), but with 3 replicas the pool frees one per ~27 ms, a busy pool whose reserve does not apply."""
+    fleet = Fleet(room=1)  # one seat, inside standard's reserve (0.2 x 10)
+    flows = {n: controller(fleet) for n in (1, 3)}
+    flows[3].replicas = lambda: 3
+    for _ in range(20):
+        fleet.now += 0.08
+        for flow in flows.values():
+            flow.finished("p")
+    assert isinstance(flows[1].offer("p", "t", "standard", 10), Ticket)
+    assert flows[3].offer("p", "t", "standard", 10) == GO

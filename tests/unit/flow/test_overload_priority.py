@@ -9,16 +9,19 @@ control learns the seats), lets it drain, and measures from an idle fleet.
   request starts at the next step even at the onset of the overload.
 - At 0.9x, flow control serves within 2% of what the same fleet serves without it (a sheddable request waits up to
   a second for a seat, rather than being refused while the fleet has room), and critical's tail is no worse.
-- At 0.9x on a fleet that is not saturated (its engines do not queue without flow control: seed 2 of this mix),
-  every class's TTFT p99 is within 10% of its value without flow control: the reserve of seats for higher classes
-  applies only while the pool is saturated, so it holds no lower class while engines have seats. (Seed 4, also
-  unsaturated, comes within 13%: sheddable 45 vs 40 ms, half an engine step; with a reserve that always applied,
-  sheddable's p99 was 5-6x flow control off on both.)
+- At 0.9x on a fleet that is not saturated (without flow control its engines' tail at 0.9x is about that of 0.7x:
+  seeds 2 and 4 of this mix), every class's TTFT p99 is within 10% of its value without flow control: the reserve
+  of seats for higher classes applies only while the pool is saturated, and the lower classes then fill every
+  seat. (Before session 9 a lifted reserve still cost one seat per engine by rounding: sheddable came within 13%
+  on seed 4; with a reserve that always applied, it was 5-6x. Seed 6, whose seats fill in short bursts, is at
+  +14% for sheddable, 49 vs 43 ms, since critical waits first in line: reports/i13-s9/virtual-time.md.)
 """
 
 from __future__ import annotations
 
 import random
+
+import pytest
 
 from extproc.config.schema import SaturationConfig
 from extproc.flow import FlowControlConfig
@@ -86,8 +89,8 @@ def test_at_0_9x_flow_control_serves_within_two_percent_of_what_the_fleet_serves
     assert _p99(on["critical"]) <= _p99(off["critical"]) * 1.1
 
 
-def test_at_0_9x_below_saturation_every_class_ttft_p99_is_within_ten_percent_of_flow_control_off() -> None:
-    seed = 2
+@pytest.mark.parametrize("seed", [2, 4])
+def test_at_0_9x_below_saturation_every_class_ttft_p99_is_within_ten_percent_of_flow_control_off(seed: int) -> None:
     on, refused = _point(0.9, flow=True, seed=seed)
     off, _ = _point(0.9, flow=False, seed=seed)
     calm, _ = _point(0.7, flow=False, seed=seed)
