@@ -8,11 +8,18 @@ from dataclasses import dataclass
 
 from extproc.bench.routing_workloads import popularity_weights
 
-__all__ = ["NOFLOW", "PrefixShape", "add_shape_options", "parse_range", "service_replicas", "split_strategy"]
+__all__ = [
+    "LEAN", "NOFLOW", "PrefixShape", "add_shape_options", "front_end", "parse_range", "service_replicas",
+    "split_strategy", "strategy_flags",
+]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
 # it, flow control is as a new user gets it: on.
 NOFLOW = "+noflow"
+# A strategy with this suffix runs our service on the lean HTTP/2 front end (`service.front_end: lean`) instead of
+# grpcio's; suffixes combine in any order before @N, e.g. default+noflow+lean@3.
+LEAN = "+lean"
+SUFFIXES = frozenset({NOFLOW, LEAN})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -30,12 +37,22 @@ def service_replicas(strategy: str, default: int) -> int:
     return int(count)
 
 
+def strategy_flags(strategy: str) -> tuple[str, frozenset[str]]:
+    """(scheduling profile or baseline name, its suffixes such as NOFLOW), whatever the replica count."""
+    base = strategy.rpartition(REPLICAS)[0] or strategy
+    name, *flags = base.split("+")
+    return name, frozenset("+" + flag for flag in flags)
+
+
 def split_strategy(strategy: str) -> tuple[str, bool]:
     """(scheduling profile or baseline name, flow control on), whatever the replica count."""
-    base = strategy.rpartition(REPLICAS)[0] or strategy
-    if base.endswith(NOFLOW):
-        return base.removesuffix(NOFLOW), False
-    return base, True
+    name, flags = strategy_flags(strategy)
+    return name, NOFLOW not in flags
+
+
+def front_end(strategy: str) -> str:
+    """The service's `service.front_end` for a strategy: "lean" with the LEAN suffix, else "grpcio"."""
+    return "lean" if LEAN in strategy_flags(strategy)[1] else "grpcio"
 
 
 def parse_range(text: str) -> tuple[int, int]:

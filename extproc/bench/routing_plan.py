@@ -24,7 +24,15 @@ from extproc.bench.peers import PEERS
 from extproc.bench.routing_capacity import CAPACITY_HIT_SHARE, measure_capacity
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES
 from extproc.bench.routing_metrics import FLEET_HEADROOM, KV_TARGET_RATIO, kv_blocks_for
-from extproc.bench.routing_options import NOFLOW, PrefixShape, add_shape_options, service_replicas, split_strategy
+from extproc.bench.routing_options import (
+    LEAN,
+    NOFLOW,
+    SUFFIXES,
+    PrefixShape,
+    add_shape_options,
+    service_replicas,
+    strategy_flags,
+)
 from extproc.bench.routing_workloads import (
     MixedPool,
     RoutingWorkload,
@@ -118,8 +126,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
-                             f"with flow control on, or off with the suffix {NOFLOW}, and with --replicas service "
-                             "processes or N of them with the suffix @N (e.g. default@3) "
+                             f"with flow control on, or off with the suffix {NOFLOW}, on the lean front end with "
+                             f"{LEAN}, and with --replicas service processes or N of them with the suffix @N "
+                             "(e.g. default@3) "
                              f"(default {DEFAULT_STRATEGIES}); "
                              f"overload: envoy-least-request, default, default{NOFLOW} (default {OVERLOAD_STRATEGIES})")
     parser.add_argument("--loads", default=None,
@@ -217,15 +226,21 @@ def _scheduling(path: str | None) -> dict[str, Any]:
     return document
 
 
+def _unknown(strategy: str, known: set[str], profiles: set[str]) -> bool:
+    name, flags = strategy_flags(strategy)
+    if name not in known or not flags <= SUFFIXES:
+        return True
+    return name not in profiles and bool(flags or "@" in strategy)  # suffixes apply to our profiles only
+
+
 def _strategies(args: argparse.Namespace, pools: int, extra: Mapping[str, Any]) -> tuple[str, ...]:
     strategies = tuple(csv(args.strategies or DEFAULT_STRATEGIES))
     profiles = set(BUILTIN_PROFILES) | {p["name"] for p in extra.get("profiles", ())}
     known = set(ENVOY_STRATEGIES) | profiles | set(PEERS)
-    unknown = [s for s in strategies if split_strategy(s)[0] not in known
-               or (split_strategy(s)[0] not in profiles and (NOFLOW in s or "@" in s))]
+    unknown = [s for s in strategies if _unknown(s, known, profiles)]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
-                         f"(a profile may take {NOFLOW} and @N service replicas)")
+                         f"(a profile may take {NOFLOW}, {LEAN} and @N service replicas)")
     for strategy in strategies:
         service_replicas(strategy, 1)  # raises ValueError on a bad @N
     peers = [s for s in strategies if s in PEERS]

@@ -62,6 +62,10 @@ def test_plan_rejects_bad_input(tmp_path: Path) -> None:
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin,nope"))
     with pytest.raises(ValueError, match="unknown strategies"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin@3"))
+    for bad in ("envoy-round-robin+lean", "default+fast", "sglang-cache-aware+noflow"):  # suffixes: our profiles
+        with pytest.raises(ValueError, match="unknown strategies"):
+            routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", bad))
+    assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+noflow+lean@2")).strategies
     with pytest.raises(ValueError, match="@N"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default@0"))
     with pytest.raises(ValueError, match="positive"):

@@ -5,9 +5,11 @@ import argparse
 import pytest
 
 from extproc.bench.routing_options import (
+    LEAN,
     NOFLOW,
     PrefixShape,
     add_shape_options,
+    front_end,
     parse_range,
     service_replicas,
     split_strategy,
@@ -23,6 +25,15 @@ def test_strategies_run_flow_control_as_shipped_unless_told_not_to() -> None:
     for bad in ("default@0", "default@x", "default@17"):
         with pytest.raises(ValueError):
             service_replicas(bad, 1)
+
+
+def test_the_lean_suffix_picks_the_front_end_and_combines_with_the_others() -> None:
+    assert front_end("default") == "grpcio" and front_end(f"default{NOFLOW}@3") == "grpcio"
+    for strategy in (f"default{LEAN}", f"default{NOFLOW}{LEAN}@3", f"default{LEAN}{NOFLOW}"):
+        assert front_end(strategy) == "lean"
+        assert split_strategy(strategy)[0] == "default"
+    assert split_strategy(f"default{LEAN}@3") == ("default", True)
+    assert split_strategy(f"default{LEAN}{NOFLOW}") == ("default", False)
 
 
 @pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])
