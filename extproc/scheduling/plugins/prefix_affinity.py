@@ -137,8 +137,7 @@ class PrefixAffinityScorer:
             order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
-        if self._split(blocks[deepest - 1] if deepest else None, request.now, count,
-                       sum(1 for d in depth if deepest and d >= near)):
+        if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
@@ -148,15 +147,17 @@ class PrefixAffinityScorer:
             order.insert(0, home)
         return order
 
-    def _split(self, prefix: int | None, now: float, endpoints: int, homes: int) -> bool:
-        """Count the request (of its deepest known `prefix`); whether that prefix wants more than its `homes`."""
+    def _split(self, prefix: int | None, now: float, depth: list[int], near: int) -> bool:
+        """Count the request (of its deepest known `prefix`); whether that prefix wants more than its homes (the
+        endpoints whose `depth` is at least `near`), counted only when the prefix is a candidate for a split."""
         share = self.params.split_share
         if share <= 0:
             return False
         self.demand.count(prefix, now)
         if prefix is None or self.demand.requests(prefix, now) < self.params.split_min_requests:
             return False
-        return homes < 1 + int(self.demand.share(prefix, now) * endpoints / share)
+        homes = sum(1 for d in depth if d >= near)
+        return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
 
     def _held_hot(self, address: str, hot: bool, now: float) -> bool:
         """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold
