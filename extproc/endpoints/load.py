@@ -7,7 +7,7 @@ count times the replica count without that sync).
 
 Full, when any holds:
 - KV: the cache is past `max_kv_utilization` while requests wait (a preempted request waits too), until a
-  request of this process finishes there (that frees blocks no scrape has shown yet);
+  request of the replicas finishes there (that frees blocks no scrape has shown yet);
 - queueing: the engine's own queue has lasted `sustain_ms` (3 scrapes or more), whatever it waits for
   (seats, blocks, the step's token budget): it then gets a new request only when its queue is estimated
   empty (waiting at the scrape, plus what was sent since, minus what finished since), so it never idles and
