@@ -372,7 +372,8 @@ class Policy(Strict):
                                  "request waits while an engine wakes up)")
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
-        if self.bounds.tenant_parse_ms_per_s > 0 and self.bounds.tenant_parse_burst_ms >= self.envoy.message_timeout_ms:
+        budget = self.auth.mode != "none" and self.bounds.tenant_parse_ms_per_s > 0  # named tenants only
+        if budget and self.bounds.tenant_parse_burst_ms >= self.envoy.message_timeout_ms:
             raise ValueError("bounds.tenant_parse_burst_ms must be below envoy.message_timeout_ms: one tenant's burst "
                              "holds the others' decisions, which Envoy answers 500 past that timeout")
         timeout = self.envoy.request_timeout_s
