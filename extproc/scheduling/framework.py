@@ -83,6 +83,11 @@ class SharedState(Protocol):
         """`count` service replicas (this one included) decide alongside each other without sharing this state
         (1: alone, or shared): the plugin must then decide alike in every replica from what they all see."""
 
+    def replica_slot(self, index: int, count: int) -> None:
+        """This replica is `index` (0-based) of `count` live replicas that share this state (0 of 1: alone), as
+        the replicas' in-flight exchange last heard: the same numbering in every replica, so that they can
+        divide work (e.g. which endpoints each places new prefixes on first)."""
+
 
 @runtime_checkable
 class Nominator(Protocol):

@@ -309,7 +309,8 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         shared = fleet.scrapes
         scraper.on_metrics, scraper.should_scrape = shared.scraped, shared.should_scrape
         metrics.scrapes.labels("shared").set_function(lambda: float(shared.adopted_total))
-    service.placements = placements = build_placement_sync(policy, lambda: runtimes.current.scheduler)
+    service.placements = placements = build_placement_sync(policy, lambda: runtimes.current.scheduler,
+                                                           fleet.slot if fleet is not None else None)
     if placements is not None:
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
     if fleet is not None:

@@ -179,6 +179,13 @@ class FleetSync(ReplicaExchange):
             share.adopt(scrapes, now)
         self._apply(now)
 
+    def slot(self) -> tuple[int, int]:
+        """(This replica's index, live replicas) with the replica ids in sorted order: the same numbering in every
+        replica that heard the same others (those heard from within `stale_after_s`); (0, 1) alone."""
+        now = self._clock()
+        live = sorted([self.replica_id, *(r for r, (at, _) in self._others.items() if now - at <= self._stale_after_s)])
+        return live.index(self.replica_id), len(live)
+
     def _apply(self, now: float) -> None:
         totals: dict[str, int] = {}
         fresh = 0

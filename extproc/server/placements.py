@@ -12,7 +12,9 @@ entries of the other replicas go to the plugins of the same name (`import_shared
 a new prefix within one interval both keep their placements: the prefix then has two homes, which the
 scorer spreads its requests over. A replica that starts reads the retained stream first (a batch per
 interval), so it knows the fleet's recent placements. Nothing here runs on the request path; a failed
-exchange is retried at the next interval with the placements it could not send.
+exchange is retried at the next interval with the placements it could not send. Each exchange also tells the
+plugins this replica's index among the live replicas (from the in-flight exchange, when it runs), so that they
+can divide work between the replicas (`SharedState.replica_slot`).
 """
 
 from __future__ import annotations
@@ -68,9 +70,12 @@ class PlacementSync(ReplicaExchange):
     WHAT = "prefix placement sync"
 
     def __init__(self, client: RedisClient, scheduler: Callable[[], Scheduler], interval_s: float, *,
-                 replica_id: str | None = None) -> None:
+                 replica_id: str | None = None, slot: Callable[[], tuple[int, int]] | None = None) -> None:
+        """`slot`: this replica's index among the live replicas and their number (`FleetSync.slot`), told to the
+        plugins every exchange (`SharedState.replica_slot`); without it they place as if alone."""
         super().__init__(client, interval_s)
         self._scheduler = scheduler  # the current one: a policy reload replaces it (and its plugins' state)
+        self._slot = slot
         self.replica_id = replica_id or replica_name()
         self._cursor = "0-0"
         self._unsent: dict[str, list[str]] = {}
@@ -78,7 +83,10 @@ class PlacementSync(ReplicaExchange):
         self.learned_lines = 0
 
     async def sync_once(self) -> None:
+        slot = self._slot() if self._slot is not None else None
         for name, source in self._scheduler().shared().items():
+            if slot is not None:
+                source.replica_slot(*slot)
             lines = self._unsent.setdefault(name, [])
             lines += source.export_shared()
             del lines[: max(0, len(lines) - _SEND_LIMIT)]

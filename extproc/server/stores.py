@@ -114,13 +114,16 @@ def build_calibration_sync(policy: Policy, calibration: PromptCalibration) -> Ca
     return CalibrationSync(redis_at.client(1.0, CalibrationSync.SCRIPTS), calibration)
 
 
-def build_placement_sync(policy: Policy, scheduler: Callable[[], Scheduler]) -> PlacementSync | None:
-    """Prefix placements shared by the service replicas, when Redis is the limits store."""
+def build_placement_sync(policy: Policy, scheduler: Callable[[], Scheduler],
+                         slot: Callable[[], tuple[int, int]] | None = None) -> PlacementSync | None:
+    """Prefix placements shared by the service replicas, when Redis is the limits store (`slot`: this
+    replica's index among the live replicas, from the in-flight exchange when it runs)."""
     redis_at = redis_settings(policy)
     if redis_at is None or not policy.shares_placements():
         return None
     interval_s = policy.scheduling.placement_sync_ms / 1000.0
-    return PlacementSync(redis_at.client(max(0.1, interval_s), PlacementSync.SCRIPTS), scheduler, interval_s)
+    return PlacementSync(redis_at.client(max(0.1, interval_s), PlacementSync.SCRIPTS), scheduler, interval_s,
+                         slot=slot)
 
 
 def build_rollout_store(policy: Policy) -> RolloutStore:

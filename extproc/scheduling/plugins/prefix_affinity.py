@@ -17,6 +17,13 @@ Placement, in order:
    it only with one view of the fleet's placements; without it, replicas placing by load would give a prefix
    a home each (measured in virtual time, 3 replicas, 48 prefixes of 3,000 tokens at 80% load: hit rate 0.75
    and TTFT p99 723 ms when placing by load, 0.90 and 115 ms by rank).
+   Replicas that share their directories still each miss the others' last sends (tens of milliseconds until
+   the exchanges carry them): an endpoint another replica has just given a new prefix looks idle, so two
+   replicas placing new prefixes at the same moment picked the same endpoint (issue 15, multi-turn with 3
+   replicas: system prompts asked one after the other shared engines, and their requests arrived back to
+   back). With `owned_first` each replica is dealt an even share of the endpoints (`replica_slot`, from the
+   in-flight exchange) and places a new prefix on one of its own when that one is within what it may not see
+   of the best: one request of the least load and one full prefill of this prompt of the least backlog.
 An endpoint is hot when its load (the pool's load model: scraped running + waiting plus what was sent since)
 exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gains homes as its traffic needs
 them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
@@ -89,6 +96,9 @@ class Params:
     split_decay_ms: float = 2000.0  # time constant of the request counts
     split_min_requests: float = 16.0  # a prefix is split only once this many of its requests are counted
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
+    # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
+    # it is within one request and one prefill of this prompt of the best (see the module docstring).
+    owned_first: bool = True
 
     def __post_init__(self) -> None:
         if self.anchor_blocks < 1 or self.index_capacity < 1 or self.homes < 1 or self.min_blocks < 0:
@@ -112,6 +122,7 @@ class PrefixAffinityScorer:
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
+        self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
         self._hot_since: dict[str, tuple[float, float]] = {}  # address -> (hot since, last seen hot)
         # id(endpoint set) -> (that set, its endpoints by address, anchor -> top NOMINEES of the set)
         self._ranks: OrderedDict[int, tuple[Sequence[Endpoint], dict[str, Endpoint],
@@ -133,8 +144,11 @@ class PrefixAffinityScorer:
             backlog = [0] * count
             order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], -rank[i]))
         else:
-            backlog = [round(self.backlog.tokens(a, request.now) / _BACKLOG_BUCKET) for a in addresses]
-            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], backlog[i], loads[i], -rank[i]))
+            tokens = [self.backlog.tokens(a, request.now) for a in addresses]
+            backlog = [round(t / _BACKLOG_BUCKET) for t in tokens]
+            foreign = self._foreign(request, addresses, loads, tokens)
+            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], backlog[i], loads[i],
+                                                        -rank[i]))
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
@@ -146,6 +160,21 @@ class PrefixAffinityScorer:
             order.remove(home)
             order.insert(0, home)
         return order
+
+    def _foreign(self, request: SchedulingRequest, addresses: list[str], loads: list[float],
+                 tokens: list[float]) -> list[bool]:
+        """Per endpoint, False when a new prefix should go there first: dealt to this replica (the endpoints in
+        address order, one each to the live replicas in turn) and within what another replica's last sends can
+        hide of the best, one request of the least load and one full prefill of this prompt of the least
+        backlog. All False alone or with `owned_first` off."""
+        index, replicas = self._slot
+        if replicas <= 1 or not self.params.owned_first:
+            return [False] * len(addresses)
+        least_load = min(loads) + 1.0
+        least_backlog = min(tokens) + request.prompt_tokens
+        dealt = {a: n % replicas == index for n, a in enumerate(sorted(addresses))}
+        return [not (dealt[a] and load <= least_load and backlog <= least_backlog)
+                for a, load, backlog in zip(addresses, loads, tokens, strict=True)]
 
     def _split(self, prefix: int | None, now: float, depth: list[int], near: int) -> bool:
         """Count the request (of its deepest known `prefix`); whether that prefix wants more than its homes (the
@@ -230,6 +259,10 @@ class PrefixAffinityScorer:
     # -- shared with the other service replicas ---------------------------------------------------------
     def unshared_replicas(self, count: int) -> None:
         self._unshared = max(1, count)
+
+    def replica_slot(self, index: int, count: int) -> None:
+        """This replica is `index` (0-based) of `count` live replicas sharing placements (0 of 1: alone)."""
+        self._slot = (index, count) if 0 <= index < count else (0, 1)
 
     def export_shared(self) -> list[str]:
         """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""

@@ -65,6 +65,8 @@ async def test_replicas_see_each_others_in_flight_and_forget_a_silent_one(server
         await a.sync_once()
         assert others(reg_a) == [2, 5] and others(reg_b) == [3, 0] and others(reg_c) == [5, 5]
         assert a.replicas == 3 and kicks[-1] == "a"  # queued requests are re-checked after each sync
+        await b.sync_once()
+        assert (a.slot(), b.slot(), c.slot()) == ((0, 3), (1, 3), (2, 3))  # by replica id, the same in each
         # b stops publishing: once its entry is older than stale_after_s the others drop it, and delete it
         clock.now += 1.5
         for sync in (a, c):
@@ -72,6 +74,7 @@ async def test_replicas_see_each_others_in_flight_and_forget_a_silent_one(server
         assert others(reg_a) == [0, 0] and others(reg_c) == [3, 0]
         await a.sync_once()
         assert set(await raw.hkeys(FLEET_KEY)) == {b"a", b"c"}
+        assert (a.slot(), c.slot()) == ((0, 2), (1, 2))  # b is gone: renumbered without it
         # Redis goes away: the exchange fails, and the last counts age out instead of lingering
         server.kill()
         with pytest.raises(StoreUnavailable):
@@ -80,7 +83,7 @@ async def test_replicas_see_each_others_in_flight_and_forget_a_silent_one(server
         clock.now += 1.5
         await c.start()
         await eventually(lambda: c.failures_total >= 1, "a failed exchange in the background loop")
-        assert others(reg_c) == [0, 0] and c.replicas == 1
+        assert others(reg_c) == [0, 0] and c.replicas == 1 and c.slot() == (0, 1)
     finally:
         for sync in (a, b, c):
             await sync.stop()

@@ -20,10 +20,11 @@ pytestmark = pytest.mark.integration
 SYSTEM = "You are the assistant of a shop. " + "Answer politely and briefly. " * 60
 
 
-def replica(server: RedisServer, name: str) -> tuple[PlacementSync, Scheduler]:
+def replica(server: RedisServer, name: str, slot: tuple[int, int] | None = None) -> tuple[PlacementSync, Scheduler]:
     scheduler = Scheduler(SchedulingConfig())
     client = RespClient(Address.from_url(server.url), timeout_s=1.0, scripts=PlacementSync.SCRIPTS)
-    return PlacementSync(client, lambda: scheduler, 0.02, replica_id=name), scheduler
+    return PlacementSync(client, lambda: scheduler, 0.02, replica_id=name,
+                         slot=(lambda: slot) if slot is not None else None), scheduler
 
 
 def prefix_plugin(scheduler: Scheduler) -> PrefixAffinityScorer:
@@ -96,4 +97,24 @@ async def test_placements_wait_for_redis_when_it_is_down(server: RedisServer) ->
         assert route(sched_b, SYSTEM + " second", endpoints) is placed
     finally:
         for sync in (a, b):
+            await sync.stop()
+
+
+async def test_each_exchange_tells_the_plugins_their_replicas_share_of_endpoints(server: RedisServer) -> None:
+    endpoints = fleet(8)
+    prompts = [SYSTEM + f" variant {n}" for n in range(8)]
+    (first, sched_first), (second, sched_second) = replica(server, "a", (0, 2)), replica(server, "b", (1, 2))
+    alone, sched_alone = replica(server, "c")
+    try:
+        for sync in (first, second, alone):
+            await sync.sync_once()
+        # A new prefix on an idle fleet: on an endpoint dealt to the replica (addresses in order, in turn), where
+        # alone it goes by rank, to either half.
+        assert {route(sched_first, p, fleet(8)).address for p in prompts} <= {e.address for e in endpoints[0::2]}
+        assert {route(sched_second, p, fleet(8)).address for p in prompts} <= {e.address for e in endpoints[1::2]}
+        by_rank = {endpoints.index(next(e for e in endpoints if e.address == route(sched_alone, p, fleet(8)).address))
+                   % 2 for p in prompts}
+        assert by_rank == {0, 1}
+    finally:
+        for sync in (first, second, alone):
             await sync.stop()

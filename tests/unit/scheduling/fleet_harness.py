@@ -72,9 +72,10 @@ class RoutedFleet:
         for i, node in enumerate(self.nodes):  # staggered scrapes, as independent scrape tasks would be
             self.time.call_later(SCRAPE_S * (i + 1) / endpoints, lambda n=node: self._scrape(n))
         if share_s is not None:
-            for scheduler in self.schedulers:
+            for index, scheduler in enumerate(self.schedulers):
                 for plugin in scheduler.shared().values():
                     plugin.export_shared()  # start recording
+                    plugin.replica_slot(index, replicas)  # as `extproc.server.placements` tells them
             self.time.call_later(share_s, lambda: self._share(share_s))
 
     def _share(self, every_s: float) -> None:

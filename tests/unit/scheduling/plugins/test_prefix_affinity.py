@@ -253,3 +253,57 @@ def test_split_parameters_are_validated() -> None:
         except ValueError:
             continue
         raise AssertionError(f"accepted {bad}")
+
+
+def dealt(index: int, replicas: int, endpoints: list[Endpoint]) -> set[int]:
+    """The endpoints (indexes) dealt to replica `index`: in address order, one to each replica in turn."""
+    ordered = sorted(range(len(endpoints)), key=lambda i: endpoints[i].address)
+    return {i for n, i in enumerate(ordered) if n % replicas == index}
+
+
+def test_replicas_placing_new_prefixes_at_once_use_their_own_share_of_endpoints() -> None:
+    # Two new prefixes that one replica alone would place on the same idle endpoint (by rank), each placed by
+    # another replica that does not see the other's send yet: without shares both land there.
+    clash = next((x, y) for x in SYSTEMS for y in SYSTEMS if x != y and home(
+        PrefixAffinityScorer("r", Params()), x, fleet(8)) == home(PrefixAffinityScorer("r", Params()), y, fleet(8)))
+    blind = [PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())]
+    assert send(blind[0], clash[0], fleet(8)) == send(blind[1], clash[1], fleet(8))
+    shared = [PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())]
+    for index, scorer in enumerate(shared):
+        scorer.replica_slot(index, 2)
+    view_a, view_b = fleet(8), fleet(8)
+    placed_a, placed_b = send(shared[0], clash[0], view_a), send(shared[1], clash[1], view_b)
+    assert placed_a in dealt(0, 2, view_a) and placed_b in dealt(1, 2, view_b)
+    # Its own share first, spread by its own backlog: the next new prefix goes to another of them.
+    assert send(shared[0], clash[1], view_a) in dealt(0, 2, view_a) - {placed_a}
+
+
+def test_a_replica_leaves_its_share_when_it_is_worse_than_what_it_cannot_see() -> None:
+    scorer = PrefixAffinityScorer("a", Params())
+    scorer.replica_slot(1, 2)
+    endpoints = fleet(8)
+    own = dealt(1, 2, endpoints)
+    for i in own:
+        loaded(endpoints, i, 1)  # one request more than the least loaded: still its own
+    assert home(scorer, SYSTEMS[7], endpoints) in own
+    for i in own:
+        loaded(endpoints, i, 2)  # two more: the least loaded instead
+    assert home(scorer, SYSTEMS[7], endpoints) not in own
+    endpoints = fleet(8)
+    for i in own:  # a long prompt's prefill (more than this one's) just sent to each of its own
+        scorer.observe(request("a long one-off document " * 600), endpoints[i])
+    assert home(scorer, SYSTEMS[7], endpoints) not in own
+
+
+def test_alone_or_with_owned_first_off_the_share_changes_nothing() -> None:
+    endpoints = fleet(8)
+    loaded(endpoints, 3, 2)
+    reference = PrefixAffinityScorer("r", Params())
+    alone, off, invalid = (PrefixAffinityScorer(n, p) for n, p in (
+        ("alone", Params()), ("off", Params(owned_first=False)), ("invalid", Params())))
+    alone.replica_slot(0, 1)
+    off.replica_slot(1, 3)
+    invalid.replica_slot(3, 2)  # not a slot: as alone
+    for system in SYSTEMS[:24]:
+        expected = reference.score(request(system), endpoints)
+        assert all(s.score(request(system), endpoints) == expected for s in (alone, off, invalid))
