@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "LEAN", "NOFLOW", "PrefixShape", "add_shape_options", "front_end", "parse_range", "service_replicas",
-    "split_strategy", "strategy_flags",
+    "BUFFERED", "LEAN", "NOFLOW", "STREAMED", "PrefixShape", "add_shape_options", "body_mode", "front_end",
+    "parse_range", "service_replicas", "split_strategy", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -19,7 +19,12 @@ NOFLOW = "+noflow"
 # A strategy with this suffix runs our service on the lean HTTP/2 front end (`service.front_end: lean`) instead of
 # grpcio's; suffixes combine in any order before @N, e.g. default+noflow+lean@3.
 LEAN = "+lean"
-SUFFIXES = frozenset({NOFLOW, LEAN})
+# With these suffixes Envoy's ext_proc filter sends the request body as `envoy.request_body_mode` says (streamed:
+# right behind the headers, one round trip to the service less; buffered: after the headers' reply), whatever the
+# policy's default, so that both body modes compare in one run.
+STREAMED = "+streamed"
+BUFFERED = "+buffered"
+SUFFIXES = frozenset({NOFLOW, LEAN, STREAMED, BUFFERED})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -53,6 +58,15 @@ def split_strategy(strategy: str) -> tuple[str, bool]:
 def front_end(strategy: str) -> str:
     """The service's `service.front_end` for a strategy: "lean" with the LEAN suffix, else "grpcio"."""
     return "lean" if LEAN in strategy_flags(strategy)[1] else "grpcio"
+
+
+def body_mode(strategy: str) -> str | None:
+    """The `envoy.request_body_mode` a strategy's suffix asks for, or None for the policy's default.
+    Raises ValueError when it asks for both."""
+    flags = strategy_flags(strategy)[1]
+    if STREAMED in flags and BUFFERED in flags:
+        raise ValueError(f"strategy {strategy!r}: {STREAMED} and {BUFFERED} exclude each other")
+    return "streamed" if STREAMED in flags else "buffered" if BUFFERED in flags else None
 
 
 def parse_range(text: str) -> tuple[int, int]:
