@@ -62,12 +62,15 @@ def test_plan_rejects_bad_input(tmp_path: Path) -> None:
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin,nope"))
     with pytest.raises(ValueError, match="unknown strategies"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin@3"))
-    for bad in ("envoy-round-robin+lean", "default+fast", "sglang-cache-aware+noflow"):  # suffixes: our profiles
+    for bad in ("envoy-round-robin+lean", "default+fast", "sglang-cache-aware+noflow",
+                "envoy-round-robin+streamed"):  # suffixes: our profiles
         with pytest.raises(ValueError, match="unknown strategies"):
             routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", bad))
     assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+noflow+lean@2")).strategies
     with pytest.raises(ValueError, match="@N"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default@0"))
+    with pytest.raises(ValueError, match="exclude each other"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+streamed+buffered"))
     with pytest.raises(ValueError, match="positive"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "0"))
     with pytest.raises(ValueError, match="not both"):
@@ -99,6 +102,15 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
     routing._use_profile(stack, plan.layout.pools, "variant+noflow")
     assert {p.profile for p in stack.policy.pools} == {"variant"} and not stack.policy.flow_control.enabled
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
+    assert stack.policy.envoy.request_body_mode == "buffered"  # the policy's default without a body-mode suffix
+    routing._use_profile(stack, plan.layout.pools, "variant+streamed")
+    assert stack.policy.envoy.request_body_mode == "streamed" and stack.policy.flow_control.enabled
+    lds = yaml.safe_load((tmp_path / "envoy" / "lds.yaml").read_text())  # what Envoy loads for this strategy
+    ext_proc = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
+    assert ext_proc["typed_config"]["send_body_without_waiting_for_header_response"] is True
+    assert ext_proc["typed_config"]["processing_mode"]["request_body_mode"] == "STREAMED"
+    routing._use_profile(stack, plan.layout.pools, "variant+buffered")
+    assert stack.policy.envoy.request_body_mode == "buffered"
     with pytest.raises(ValueError, match="unknown strategies"):  # without the file, the profile is unknown
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--strategies", "variant"))
     broken = {**VARIANT, "profiles": [{"name": "variant", "plugins": [{"pluginRef": "saturation"}]}]}
