@@ -31,7 +31,7 @@ from extproc.bench.overload import run_overload
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_table
-from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
+from extproc.bench.routing_envoy import AFFINITY_HEADER, ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import (
     SATURATED_CORES,
     cores_used,
@@ -106,9 +106,15 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
 
 
 def _with_pool_header(next_spec: Callable[[int], RequestSpec]) -> Callable[[int], RequestSpec]:
+    """For Envoy alone: the pool, and the prompt group a hashing balancer keeps together (shared prefix or
+    conversation; a one-off prompt hashes alone)."""
     def spec(index: int) -> RequestSpec:
         original = next_spec(index)
-        return dataclasses.replace(original, headers=(*original.headers, (POOL_HEADER, original.labels["pool"])))
+        labels = original.labels
+        group = labels.get("conversation") or labels.get("group")
+        affinity = f"{labels.get('model', '')}/{group}" if group and group != "-" else f"request-{index}"
+        return dataclasses.replace(original, headers=(*original.headers, (POOL_HEADER, labels["pool"]),
+                                                      (AFFINITY_HEADER, affinity)))
 
     return spec
 

@@ -126,7 +126,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "unequal tenants offered multiples of the fleet's capacity (see --loads) "
                              "(default %(default)s)")
     parser.add_argument("--strategies", default=None,
-                        help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
+                        help="comma list: envoy-round-robin / envoy-least-request / envoy-ring-hash (Envoy alone, no "
+                             "ext_proc; ring hash on the request's prompt group), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
                              f"with flow control on, or off with the suffix {NOFLOW}, on the lean front end with "

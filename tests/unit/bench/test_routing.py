@@ -9,7 +9,7 @@ import yaml
 
 from extproc.bench import routing, routing_plan
 from extproc.bench.loadgen import RequestSpec
-from extproc.bench.routing_envoy import POOL_HEADER
+from extproc.bench.routing_envoy import AFFINITY_HEADER, POOL_HEADER
 from extproc.bench.routing_report import aggregate, series, write_reports
 from extproc.bench.stack import Stack, build_policy
 from extproc.config import parse_policy
@@ -138,10 +138,15 @@ def test_mixed_layouts() -> None:
     assert kinds == {"long", "unique", "short"}
 
 
-def test_envoy_baselines_name_the_pool_in_a_header() -> None:
+def test_envoy_baselines_name_the_pool_and_the_prompt_group_in_headers() -> None:
     spec = RequestSpec("POST", "/v1/chat/completions", (("a", "b"),), b"{}", labels={"pool": "code"})
-    wrapped = routing._with_pool_header(lambda _: spec)(0)
-    assert wrapped.headers == (("a", "b"), (POOL_HEADER, "code")) and wrapped.body == spec.body
+    wrapped = routing._with_pool_header(lambda _: spec)(4)
+    assert wrapped.headers == (("a", "b"), (POOL_HEADER, "code"), (AFFINITY_HEADER, "request-4"))
+    assert wrapped.body == spec.body
+    grouped = RequestSpec("POST", "/", labels={"pool": "chat", "model": "m", "group": "7"})
+    assert dict(routing._with_pool_header(lambda _: grouped)(5).headers)[AFFINITY_HEADER] == "m/7"
+    talk = RequestSpec("POST", "/", labels={"pool": "chat", "model": "m", "conversation": "3", "group": "1"})
+    assert dict(routing._with_pool_header(lambda _: talk)(6).headers)[AFFINITY_HEADER] == "m/3"
 
 
 def test_reports_are_written(tmp_path: Path) -> None:
