@@ -57,17 +57,30 @@ def describe(values: np.ndarray) -> str:
             f"{np.percentile(values, 99):6.2f}")
 
 
+def show(name: str, parts: dict[str, np.ndarray]) -> None:
+    print(f"## {name}: {len(parts['ttft'])} joined, {int(parts['missing'].sum())} unjoined (mean p50 p90 p99, ms)")
+    for part in PARTS:
+        print(f"  {part:9s} {describe(parts[part])}")
+    # What the client saw minus what the engine did: the request path's share, per request.
+    print(f"  {'ttft-eng':9s} {describe(parts['ttft'] - parts['engine'])}")
+    # TTFT as it would be without one hop (per request), to see which hop the TTFT percentiles pay for.
+    for part in ("inbound", "read", "emit", "outbound"):
+        print(f"  {'w/o ' + part:13s} {describe(parts['ttft'] - parts[part])}")
+    print(f"  {'engine only':13s} {describe(parts['engine'])}")
+
+
 def main(runs: list[str]) -> None:
+    pooled: dict[str, dict[str, list[np.ndarray]]] = {}
     for run in runs:
         for point in sorted(Path(run, "samples").iterdir()):
             parts = point_parts(point)
-            print(f"## {point.name}: {len(parts['ttft'])} joined, {int(parts['missing'][0])} unjoined "
-                  f"(mean p50 p90 p99, ms)")
-            for part in PARTS:
-                print(f"  {part:9s} {describe(parts[part])}")
-            # What the client saw minus what the engine did: the request path's share, per request.
-            path = parts["ttft"] - parts["engine"]
-            print(f"  {'ttft-eng':9s} {describe(path)}")
+            show(point.name, parts)
+            key = point.name.rpartition("-s")[0]
+            for part, values in parts.items():
+                pooled.setdefault(key, {}).setdefault(part, []).append(values)
+    print("\n# seeds pooled")
+    for key, lists in pooled.items():
+        show(key, {part: np.concatenate(values) for part, values in lists.items()})
 
 
 if __name__ == "__main__":
