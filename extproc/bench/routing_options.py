@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "LEAN", "NOFLOW", "STREAMED", "PrefixShape", "add_shape_options", "body_mode", "front_end",
-    "parse_range", "service_replicas", "split_strategy", "strategy_flags",
+    "BUFFERED", "LEAN", "NOFLOW", "SHARE", "STREAMED", "PrefixShape", "add_shape_options", "body_mode", "front_end",
+    "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -24,7 +24,10 @@ LEAN = "+lean"
 # policy's default, so that both body modes compare in one run.
 STREAMED = "+streamed"
 BUFFERED = "+buffered"
-SUFFIXES = frozenset({NOFLOW, LEAN, STREAMED, BUFFERED})
+# A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
+# endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
+SHARE = "+share"
+SUFFIXES = frozenset({NOFLOW, LEAN, SHARE, STREAMED, BUFFERED})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -67,6 +70,11 @@ def body_mode(strategy: str) -> str | None:
     if STREAMED in flags and BUFFERED in flags:
         raise ValueError(f"strategy {strategy!r}: {STREAMED} and {BUFFERED} exclude each other")
     return "streamed" if STREAMED in flags else "buffered" if BUFFERED in flags else None
+
+
+def shares_scrapes(strategy: str) -> bool:
+    """The service's `scheduling.scrape.share` for a strategy: on with the SHARE suffix, else off (the default)."""
+    return SHARE in strategy_flags(strategy)[1]
 
 
 def parse_range(text: str) -> tuple[int, int]:

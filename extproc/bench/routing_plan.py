@@ -28,6 +28,7 @@ from extproc.bench.routing_options import (
     BUFFERED,
     LEAN,
     NOFLOW,
+    SHARE,
     STREAMED,
     SUFFIXES,
     PrefixShape,
@@ -131,11 +132,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
                              f"with flow control on, or off with the suffix {NOFLOW}, on the lean front end with "
-                             f"{LEAN}, Envoy's request body {STREAMED} or {BUFFERED} to the service, and with "
-                             "--replicas service processes or N of them with the suffix @N "
-                             "(e.g. default@3) "
+                             f"{LEAN}, the replicas sharing their scrapes with {SHARE}, Envoy's request body "
+                             f"{STREAMED} or {BUFFERED} to the service, and with --replicas "
+                             "service processes or N of them with the suffix @N (e.g. default@3) "
                              f"(default {DEFAULT_STRATEGIES}); "
-                             f"overload: envoy-least-request, default, default{NOFLOW} (default {OVERLOAD_STRATEGIES})")
+                             f"overload: envoy-least-request, default, default{NOFLOW}, default{SHARE} "
+                             f"(default {OVERLOAD_STRATEGIES})")
     parser.add_argument("--loads", default=None,
                         help="comma list of offered load as shares of the fleet's capacity, measured on the "
                              f"workload: the engines' throughput with {CAPACITY_HIT_SHARE * 100:.0f}%% of what a "
@@ -245,7 +247,8 @@ def _strategies(args: argparse.Namespace, pools: int, extra: Mapping[str, Any]) 
     unknown = [s for s in strategies if _unknown(s, known, profiles)]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
-                         f"(a profile may take {NOFLOW}, {LEAN}, {STREAMED} or {BUFFERED}, and @N service replicas)")
+                         f"(a profile may take {NOFLOW}, {LEAN}, {SHARE}, {STREAMED} or {BUFFERED}, and @N service "
+                         "replicas)")
     for strategy in strategies:
         service_replicas(strategy, 1)  # raises ValueError on a bad @N
         body_mode(strategy)  # and on contradicting body modes

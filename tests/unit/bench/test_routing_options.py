@@ -8,6 +8,7 @@ from extproc.bench.routing_options import (
     BUFFERED,
     LEAN,
     NOFLOW,
+    SHARE,
     STREAMED,
     PrefixShape,
     add_shape_options,
@@ -15,6 +16,7 @@ from extproc.bench.routing_options import (
     front_end,
     parse_range,
     service_replicas,
+    shares_scrapes,
     split_strategy,
 )
 from extproc.bench.routing_workloads import popularity_weights, shared_prefix_workload
@@ -39,6 +41,8 @@ def test_the_lean_suffix_picks_the_front_end_and_combines_with_the_others() -> N
     assert split_strategy(f"default{LEAN}{NOFLOW}") == ("default", False)
 
 
+
+
 def test_body_mode_suffixes_override_the_policy_and_exclude_each_other() -> None:
     assert body_mode("default") is None and body_mode(f"default{LEAN}{NOFLOW}@3") is None
     assert body_mode(f"default{STREAMED}") == "streamed" and body_mode(f"default{LEAN}{STREAMED}@2") == "streamed"
@@ -46,6 +50,14 @@ def test_body_mode_suffixes_override_the_policy_and_exclude_each_other() -> None
     assert split_strategy(f"default{STREAMED}{NOFLOW}") == ("default", False)
     with pytest.raises(ValueError, match="exclude each other"):
         body_mode(f"default{STREAMED}{BUFFERED}")
+
+
+def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others() -> None:
+    assert not shares_scrapes("default") and not shares_scrapes(f"default{NOFLOW}{LEAN}@3")
+    for strategy in (f"default{SHARE}", f"default{NOFLOW}{SHARE}@3", f"default{SHARE}{LEAN}"):
+        assert shares_scrapes(strategy) and split_strategy(strategy)[0] == "default"
+    assert split_strategy(f"default{SHARE}{NOFLOW}") == ("default", False)
+    assert front_end(f"default{SHARE}{LEAN}") == "lean"
 
 
 @pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])
