@@ -33,6 +33,7 @@ Arrival = Literal["poisson", "fixed"]
 
 DEFAULT_CAPTURE_HEADERS: tuple[str, ...] = (
     "x-sim-replica",
+    "x-sim-request",
     "x-gateway-upstream-host",
     "x-gateway-destination-endpoint",
 )
@@ -70,6 +71,7 @@ class Sample:
     aborted: bool = False
     headers: Mapping[str, str] = field(default_factory=dict)
     cached_tokens: int | None = None  # prompt tokens the engine read from its prefix cache (usage), if it said
+    sent_clock_s: float = 0.0  # time.perf_counter() at the send: CLOCK_MONOTONIC, comparable across processes
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,7 @@ class _Run:
                 index, spec.labels, start_s, late_s, resp.status, error, resp.ttft_s, resp.e2e_s,
                 resp.prompt_tokens, resp.completion_tokens, resp.chunks, spec.stream, resp.aborted,
                 {h: resp.headers[h] for h in self.capture if h in resp.headers}, resp.cached_tokens,
+                start_ns / 1e9,
             )
         finally:
             self.in_flight -= 1

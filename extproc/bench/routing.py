@@ -31,7 +31,7 @@ from extproc.bench.overload import run_overload
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_table
-from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
+from extproc.bench.routing_envoy import AFFINITY_HEADER, ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import (
     SATURATED_CORES,
     cores_used,
@@ -41,7 +41,7 @@ from extproc.bench.routing_metrics import (
     point_row,
     scrape_metrics,
 )
-from extproc.bench.routing_options import front_end, shares_scrapes, split_strategy
+from extproc.bench.routing_options import body_mode, front_end, shares_scrapes, split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
 from extproc.bench.routing_samples import dump_point
@@ -54,12 +54,14 @@ __all__ = ["configure", "run_routing"]
 
 
 def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
-    """Point every pool at the strategy's scheduling profile, set its flow control, front end and scrape sharing,
-    and declare the pools' LoRA adapters (not part of stack.prepare)."""
+    """Point every pool at the strategy's scheduling profile, set its flow control, front end, request body mode and
+    scrape sharing, and declare the pools' LoRA adapters (not part of stack.prepare)."""
     profile, flow = split_strategy(strategy)
     document = yaml.safe_load(stack.policy_path.read_text())
     document.setdefault("flow_control", {})["enabled"] = flow
     document.setdefault("service", {})["front_end"] = front_end(strategy)
+    if (mode := body_mode(strategy)) is not None:
+        document.setdefault("envoy", {})["request_body_mode"] = mode
     document.setdefault("scheduling", {}).setdefault("scrape", {})["share"] = shares_scrapes(strategy)
     for entry, pool in zip(document["pools"], pools, strict=True):
         entry["profile"] = profile
@@ -105,9 +107,15 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
 
 
 def _with_pool_header(next_spec: Callable[[int], RequestSpec]) -> Callable[[int], RequestSpec]:
+    """For Envoy alone: the pool, and the prompt group a hashing balancer keeps together (shared prefix or
+    conversation; a one-off prompt hashes alone)."""
     def spec(index: int) -> RequestSpec:
         original = next_spec(index)
-        return dataclasses.replace(original, headers=(*original.headers, (POOL_HEADER, original.labels["pool"])))
+        labels = original.labels
+        group = labels.get("conversation") or labels.get("group")
+        affinity = f"{labels.get('model', '')}/{group}" if group and group != "-" else f"request-{index}"
+        return dataclasses.replace(original, headers=(*original.headers, (POOL_HEADER, labels["pool"]),
+                                                      (AFFINITY_HEADER, affinity)))
 
     return spec
 

@@ -1,9 +1,12 @@
 """Envoy-only baselines for `extproc bench routing`: the same pools balanced by Envoy's own LB, no ext_proc.
 
 Each baseline gets a listener with only the router filter and, per pool, a copy of the rendered pool
-cluster (same endpoints, outlier detection and circuit breakers) whose `lb_policy` is ROUND_ROBIN or
-LEAST_REQUEST instead of our override_host policy. Without ext_proc nobody reads the body, so the client
-names the pool in `x-bench-pool` (as an Envoy-only deployment would route on a header or path).
+cluster (same endpoints, outlier detection and circuit breakers) whose `lb_policy` is ROUND_ROBIN,
+LEAST_REQUEST or RING_HASH instead of our override_host policy. Without ext_proc nobody reads the body, so the
+client names the pool in `x-bench-pool` (as an Envoy-only deployment would route on a header or path) and, for
+RING_HASH, the request's prompt group (shared prefix, conversation) in `x-bench-affinity`: a static prefix
+affinity with no load awareness, which keeps the engines' caches warm. It is the Envoy hop without ext_proc at
+a realistic engine load, where round robin's cache misses saturate the engines.
 """
 
 from __future__ import annotations
@@ -21,14 +24,17 @@ from extproc.config import Policy
 from extproc.xds import find_envoy
 from extproc.xds.render import EXTPROC_CLUSTER, LISTENER, _pool_cluster, render_static, route_config
 
-__all__ = ["ENVOY_STRATEGIES", "POOL_HEADER", "envoy_only_bootstrap", "start_envoy_only", "variant_cluster"]
+__all__ = ["AFFINITY_HEADER", "ENVOY_STRATEGIES", "POOL_HEADER", "envoy_only_bootstrap", "start_envoy_only",
+           "variant_cluster"]
 
 # Strategy name -> Envoy lb_policy.
 ENVOY_STRATEGIES: Mapping[str, str] = MappingProxyType({
     "envoy-round-robin": "ROUND_ROBIN",
     "envoy-least-request": "LEAST_REQUEST",
+    "envoy-ring-hash": "RING_HASH",
 })
 POOL_HEADER = "x-bench-pool"
+AFFINITY_HEADER = "x-bench-affinity"
 _HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager"
 _ROUTER = "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
 
@@ -57,6 +63,8 @@ def _listener(policy: Policy, strategy: str, port: int) -> dict[str, Any]:
         route["match"] = {"prefix": "/", "headers": [{"name": POOL_HEADER, "string_match": {"exact": pool.name}}]}
         del route["route"]["cluster_header"]
         route["route"]["cluster"] = variant_cluster(pool.name, strategy)
+        if ENVOY_STRATEGIES[strategy] == "RING_HASH":
+            route["route"]["hash_policy"] = [{"header": {"header_name": AFFINITY_HEADER}}]
         routes.append(route)
     fallback = copy.deepcopy(routes[0])
     fallback["match"] = {"prefix": "/"}

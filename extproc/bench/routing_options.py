@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "LEAN", "NOFLOW", "SHARE", "PrefixShape", "add_shape_options", "front_end", "parse_range", "service_replicas",
-    "shares_scrapes", "split_strategy", "strategy_flags",
+    "BUFFERED", "LEAN", "NOFLOW", "SHARE", "STREAMED", "PrefixShape", "add_shape_options", "body_mode", "front_end",
+    "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -19,10 +19,15 @@ NOFLOW = "+noflow"
 # A strategy with this suffix runs our service on the lean HTTP/2 front end (`service.front_end: lean`) instead of
 # grpcio's; suffixes combine in any order before @N, e.g. default+noflow+lean@3.
 LEAN = "+lean"
+# With these suffixes Envoy's ext_proc filter sends the request body as `envoy.request_body_mode` says (streamed:
+# right behind the headers, one round trip to the service less; buffered: after the headers' reply), whatever the
+# policy's default, so that both body modes compare in one run.
+STREAMED = "+streamed"
+BUFFERED = "+buffered"
 # A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
 # endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
 SHARE = "+share"
-SUFFIXES = frozenset({NOFLOW, LEAN, SHARE})
+SUFFIXES = frozenset({NOFLOW, LEAN, SHARE, STREAMED, BUFFERED})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -56,6 +61,15 @@ def split_strategy(strategy: str) -> tuple[str, bool]:
 def front_end(strategy: str) -> str:
     """The service's `service.front_end` for a strategy: "lean" with the LEAN suffix, else "grpcio"."""
     return "lean" if LEAN in strategy_flags(strategy)[1] else "grpcio"
+
+
+def body_mode(strategy: str) -> str | None:
+    """The `envoy.request_body_mode` a strategy's suffix asks for, or None for the policy's default.
+    Raises ValueError when it asks for both."""
+    flags = strategy_flags(strategy)[1]
+    if STREAMED in flags and BUFFERED in flags:
+        raise ValueError(f"strategy {strategy!r}: {STREAMED} and {BUFFERED} exclude each other")
+    return "streamed" if STREAMED in flags else "buffered" if BUFFERED in flags else None
 
 
 def shares_scrapes(strategy: str) -> bool:

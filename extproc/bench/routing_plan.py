@@ -25,12 +25,15 @@ from extproc.bench.routing_capacity import CAPACITY_HIT_SHARE, measure_capacity
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES
 from extproc.bench.routing_metrics import FLEET_HEADROOM, KV_TARGET_RATIO, kv_blocks_for
 from extproc.bench.routing_options import (
+    BUFFERED,
     LEAN,
     NOFLOW,
     SHARE,
+    STREAMED,
     SUFFIXES,
     PrefixShape,
     add_shape_options,
+    body_mode,
     service_replicas,
     strategy_flags,
 )
@@ -124,11 +127,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "unequal tenants offered multiples of the fleet's capacity (see --loads) "
                              "(default %(default)s)")
     parser.add_argument("--strategies", default=None,
-                        help="comma list: envoy-round-robin / envoy-least-request (Envoy alone, no ext_proc), a peer "
+                        help="comma list: envoy-round-robin / envoy-least-request / envoy-ring-hash (Envoy alone, no "
+                             "ext_proc; ring hash on the request's prompt group), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
                              f"with flow control on, or off with the suffix {NOFLOW}, on the lean front end with "
-                             f"{LEAN}, the replicas sharing their scrapes with {SHARE}, and with --replicas "
+                             f"{LEAN}, the replicas sharing their scrapes with {SHARE}, Envoy's request body "
+                             f"{STREAMED} or {BUFFERED} to the service, and with --replicas "
                              "service processes or N of them with the suffix @N (e.g. default@3) "
                              f"(default {DEFAULT_STRATEGIES}); "
                              f"overload: envoy-least-request, default, default{NOFLOW}, default{SHARE} "
@@ -242,9 +247,11 @@ def _strategies(args: argparse.Namespace, pools: int, extra: Mapping[str, Any]) 
     unknown = [s for s in strategies if _unknown(s, known, profiles)]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
-                         f"(a profile may take {NOFLOW}, {LEAN}, {SHARE} and @N service replicas)")
+                         f"(a profile may take {NOFLOW}, {LEAN}, {SHARE}, {STREAMED} or {BUFFERED}, and @N service "
+                         "replicas)")
     for strategy in strategies:
         service_replicas(strategy, 1)  # raises ValueError on a bad @N
+        body_mode(strategy)  # and on contradicting body modes
     peers = [s for s in strategies if s in PEERS]
     if peers and pools > 1:
         raise ValueError(f"peer routers {peers} front one pool; the {args.workload} workload has "

@@ -30,6 +30,7 @@ from extproc.sim.protocol import (
 )
 from extproc.sim.responses import StreamFormatter, chat_response, completion_response, models_response
 from extproc.sim.spec import ReplicaSpec
+from extproc.sim.timings import HEADER, Stamp, Timings
 from extproc.sim.tokens import Tokenizer
 
 __all__ = ["CrashedError", "OpenAIRoutes", "Planned", "RenderMemo", "abort_connection", "compact_json", "read_json"]
@@ -119,6 +120,7 @@ class OpenAIRoutes:
         self.tokenizer = tokenizer
         self.faults = faults
         self.created = int(time.time())
+        self.timings = Timings()
 
     def routes(self) -> list[web.RouteDef]:
         return [
@@ -179,13 +181,16 @@ class OpenAIRoutes:
                        pieces, limits)
 
     async def _generate(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        arrive = time.monotonic()
         body = await read_json(request)
         planned = self.plan(body, self._request_id(request, "chatcmpl-" if chat else "cmpl-"), chat=chat)
         model, gen, pieces, limits = planned.model, planned.gen, planned.pieces, planned.limits
         request_id, prompt_ids, length, finish_reason = gen.request_id, gen.prompt_ids, len(pieces), gen.finish_reason
         created = int(time.time())
         if limits.stream:
-            return await self._stream(request, gen, pieces, limits, model, created, chat=chat)
+            sockname = request.transport.get_extra_info("sockname") if request.transport is not None else None
+            stamp = self.timings.start(arrive, sockname[1] if sockname else self.spec.port)
+            return await self._stream(request, gen, pieces, limits, model, created, stamp, chat=chat)
         crash_after = self.faults.settings.crash_mid_stream
         await generate(self.engine, self.loop, gen, self.spec.stream_chunk_tokens, None)
         if crash_after is not None:
@@ -196,9 +201,9 @@ class OpenAIRoutes:
         return web.json_response(payload, dumps=compact_json)
 
     async def _stream(self, request: web.Request, gen: GenRequest, pieces: list[str], limits: Limits,
-                      model: str, created: int, *, chat: bool) -> web.StreamResponse:
+                      model: str, created: int, stamp: Stamp, *, chat: bool) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                               "Cache-Control": "no-cache"})
+                                               "Cache-Control": "no-cache", HEADER: stamp.id})
         await response.prepare(request)
         formatter = StreamFormatter(gen.request_id, created, model, chat=chat)
         crash_after = self.faults.settings.crash_mid_stream
@@ -214,6 +219,8 @@ class OpenAIRoutes:
             if start == 0 and chat:
                 data = formatter.role() + data
             await response.write(data)
+            if sent == 0:
+                stamp.submit, stamp.token, stamp.written = gen.arrival, gen.first_token_at, time.monotonic()
             sent += 1
 
         await generate(self.engine, self.loop, gen, self.spec.stream_chunk_tokens, emit)

@@ -96,6 +96,7 @@ class Replica:
             web.post("/sim/faults", self._post_faults),
             web.post("/sim/reset", self._reset),
             web.get("/sim/stats", self._stats),
+            web.get("/sim/timings", self._timings),
         ])
         app.on_response_prepare.append(self._stamp)
         return app
@@ -235,6 +236,10 @@ class Replica:
 
     async def _stats(self, request: web.Request) -> web.Response:
         return web.json_response(self.stats(), dumps=compact_json)
+
+    async def _timings(self, request: web.Request) -> web.Response:
+        """The newest streamed requests' stamps (extproc/sim/timings.py)."""
+        return web.json_response(self._routes.timings.dump(), dumps=compact_json)
 
     def _target(self, request: web.Request) -> Replica:
         """This replica, or a sibling in the same process named by `?port=N` (to revive a refusing one)."""

@@ -9,7 +9,7 @@ import yaml
 
 from extproc.bench import routing, routing_plan
 from extproc.bench.loadgen import RequestSpec
-from extproc.bench.routing_envoy import POOL_HEADER
+from extproc.bench.routing_envoy import AFFINITY_HEADER, POOL_HEADER
 from extproc.bench.routing_report import aggregate, series, write_reports
 from extproc.bench.stack import Stack, build_policy
 from extproc.config import parse_policy
@@ -62,12 +62,15 @@ def test_plan_rejects_bad_input(tmp_path: Path) -> None:
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin,nope"))
     with pytest.raises(ValueError, match="unknown strategies"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "envoy-round-robin@3"))
-    for bad in ("envoy-round-robin+lean", "default+fast", "sglang-cache-aware+noflow"):  # suffixes: our profiles
+    for bad in ("envoy-round-robin+lean", "default+fast", "sglang-cache-aware+noflow",
+                "envoy-round-robin+streamed"):  # suffixes: our profiles
         with pytest.raises(ValueError, match="unknown strategies"):
             routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", bad))
     assert routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+noflow+lean@2")).strategies
     with pytest.raises(ValueError, match="@N"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default@0"))
+    with pytest.raises(ValueError, match="exclude each other"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+streamed+buffered"))
     with pytest.raises(ValueError, match="positive"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "0"))
     with pytest.raises(ValueError, match="not both"):
@@ -102,6 +105,15 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
     routing._use_profile(stack, plan.layout.pools, "variant+share+noflow")
     assert stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
+    assert stack.policy.envoy.request_body_mode == "buffered"  # the policy's default without a body-mode suffix
+    routing._use_profile(stack, plan.layout.pools, "variant+streamed")
+    assert stack.policy.envoy.request_body_mode == "streamed" and stack.policy.flow_control.enabled
+    lds = yaml.safe_load((tmp_path / "envoy" / "lds.yaml").read_text())  # what Envoy loads for this strategy
+    ext_proc = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
+    assert ext_proc["typed_config"]["send_body_without_waiting_for_header_response"] is True
+    assert ext_proc["typed_config"]["processing_mode"]["request_body_mode"] == "STREAMED"
+    routing._use_profile(stack, plan.layout.pools, "variant+buffered")
+    assert stack.policy.envoy.request_body_mode == "buffered"
     with pytest.raises(ValueError, match="unknown strategies"):  # without the file, the profile is unknown
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--strategies", "variant"))
     broken = {**VARIANT, "profiles": [{"name": "variant", "plugins": [{"pluginRef": "saturation"}]}]}
@@ -131,10 +143,15 @@ def test_mixed_layouts() -> None:
     assert kinds == {"long", "unique", "short"}
 
 
-def test_envoy_baselines_name_the_pool_in_a_header() -> None:
+def test_envoy_baselines_name_the_pool_and_the_prompt_group_in_headers() -> None:
     spec = RequestSpec("POST", "/v1/chat/completions", (("a", "b"),), b"{}", labels={"pool": "code"})
-    wrapped = routing._with_pool_header(lambda _: spec)(0)
-    assert wrapped.headers == (("a", "b"), (POOL_HEADER, "code")) and wrapped.body == spec.body
+    wrapped = routing._with_pool_header(lambda _: spec)(4)
+    assert wrapped.headers == (("a", "b"), (POOL_HEADER, "code"), (AFFINITY_HEADER, "request-4"))
+    assert wrapped.body == spec.body
+    grouped = RequestSpec("POST", "/", labels={"pool": "chat", "model": "m", "group": "7"})
+    assert dict(routing._with_pool_header(lambda _: grouped)(5).headers)[AFFINITY_HEADER] == "m/7"
+    talk = RequestSpec("POST", "/", labels={"pool": "chat", "model": "m", "conversation": "3", "group": "1"})
+    assert dict(routing._with_pool_header(lambda _: talk)(6).headers)[AFFINITY_HEADER] == "m/3"
 
 
 def test_reports_are_written(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 import yaml
 
-from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, envoy_only_bootstrap
+from extproc.bench.routing_envoy import AFFINITY_HEADER, ENVOY_STRATEGIES, POOL_HEADER, envoy_only_bootstrap
 from extproc.config import Policy, parse_policy
 
 POLICY = {
@@ -58,6 +58,18 @@ def test_variant_listeners_route_to_cluster_copies_with_envoy_lb_and_no_ext_proc
             assert copy["load_assignment"]["endpoints"] == original["load_assignment"]["endpoints"]
             assert copy["outlier_detection"] == original["outlier_detection"]
             assert "load_balancing_policy" in original  # the gateway's clusters are untouched
+
+
+def test_ring_hash_hashes_on_the_affinity_header_and_the_others_do_not() -> None:
+    bootstrap = envoy_only_bootstrap(_policy(), {"envoy-ring-hash": 18003, "envoy-round-robin": 18001},
+                                     keep_gateway=False)
+    resources = bootstrap["static_resources"]
+    listeners = {item["name"]: item for item in resources["listeners"]}
+    clusters = {item["name"]: item for item in resources["clusters"]}
+    for route in _routes(listeners["bench_envoy_ring_hash"]):
+        assert route["route"]["hash_policy"] == [{"header": {"header_name": AFFINITY_HEADER}}]
+    assert all("hash_policy" not in r["route"] for r in _routes(listeners["bench_envoy_round_robin"]))
+    assert clusters["chat.envoy-ring-hash"]["lb_policy"] == "RING_HASH"
 
 
 def test_without_gateway_there_is_no_ext_proc_anywhere() -> None:

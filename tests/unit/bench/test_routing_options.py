@@ -5,11 +5,14 @@ import argparse
 import pytest
 
 from extproc.bench.routing_options import (
+    BUFFERED,
     LEAN,
     NOFLOW,
     SHARE,
+    STREAMED,
     PrefixShape,
     add_shape_options,
+    body_mode,
     front_end,
     parse_range,
     service_replicas,
@@ -36,6 +39,17 @@ def test_the_lean_suffix_picks_the_front_end_and_combines_with_the_others() -> N
         assert split_strategy(strategy)[0] == "default"
     assert split_strategy(f"default{LEAN}@3") == ("default", True)
     assert split_strategy(f"default{LEAN}{NOFLOW}") == ("default", False)
+
+
+
+
+def test_body_mode_suffixes_override_the_policy_and_exclude_each_other() -> None:
+    assert body_mode("default") is None and body_mode(f"default{LEAN}{NOFLOW}@3") is None
+    assert body_mode(f"default{STREAMED}") == "streamed" and body_mode(f"default{LEAN}{STREAMED}@2") == "streamed"
+    assert body_mode(f"default{BUFFERED}{NOFLOW}") == "buffered"
+    assert split_strategy(f"default{STREAMED}{NOFLOW}") == ("default", False)
+    with pytest.raises(ValueError, match="exclude each other"):
+        body_mode(f"default{STREAMED}{BUFFERED}")
 
 
 def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others() -> None:
