@@ -40,6 +40,7 @@ from extproc.server.engines import build_adapter_manager, build_sleep_manager
 from extproc.server.fleet import FleetSync
 from extproc.server.grpc_auth import read_token
 from extproc.server.h2 import LeanServer
+from extproc.server.h2.lifetime import Lifetime
 from extproc.server.keys_watch import KeysWatcher, load_keys
 from extproc.server.lifecycle import Reloader, build_rollouts
 from extproc.server.placements import PlacementSync
@@ -120,6 +121,7 @@ class Service:
     processor: ExternalProcessorService | None = None
     lean: LeanServer | None = None  # service.front_end lean, once started
     loop_lag: LoopLag | None = None  # the event loop's own lag (/debug/loop, extproc_event_loop_lag_seconds)
+    worker: bool = False  # one of `serve --workers N`: connections aged out (workers.py)
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -132,10 +134,17 @@ class Service:
     async def start(self) -> None:
         service = self.runtimes.current.policy.service
         address = f"{service.grpc_host}:{service.grpc_port}"
-        if service.front_end == "lean":  # ext_proc, access log and health on the event loop; grpc.aio unused
-            self.lean = LeanServer(self.processor, self.access_log, self.health,
-                                   self.runtimes.current.policy.bounds.max_body_bytes + (1 << 20))
+        if service.front_end == "lean":  # every gRPC method on the event loop; grpc.aio unused
+            shared_scaler = self.scaler if self.scaler is not None and self.scaler.port is None else None
+            self.lean = LeanServer(
+                self.processor, self.access_log, self.health,
+                self.runtimes.current.policy.bounds.max_body_bytes + (1 << 20), scaler=shared_scaler,
+                tls=self.tls.server_context() if self.tls is not None else None,
+                lifetime=Lifetime(max_age_s=CONNECTION_AGE_S, age_grace_s=CONNECTION_AGE_GRACE_S)
+                if self.worker else None)
             self.grpc_port = await self.lean.start(service.grpc_host, service.grpc_port)
+            if self.tls is not None:
+                await self.tls.start()
         elif self.tls is not None:
             self.grpc_port = self.grpc_server.add_secure_port(address, self.tls.credentials())
             await self.tls.start()
@@ -292,6 +301,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       pool_discovery, CertificateReloader(policy.service.tls) if policy.service.tls else None)
     service.tracer = tracer
     service.processor = processor
+    service.worker = worker is not None
     service.scaler = scaler
     service.sleep = build_sleep_manager(runtimes, parts)
     service.adapters = build_adapter_manager(runtimes, parts)
