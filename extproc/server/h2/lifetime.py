@@ -91,14 +91,14 @@ class Lifecycle:
         self.schedule("keepalive", self.lifetime.keepalive_s, self._ping)
 
     def _no_preface(self) -> None:
-        self.fail(f.PROTOCOL_ERROR, f"no HTTP/2 preface within {self.lifetime.preface_s:.0f} s")
+        self.fail(f.PROTOCOL_ERROR, f"no HTTP/2 preface within {self.lifetime.preface_s:g} s")
 
     def _ping(self) -> None:
         self.emit(f.frame(f.PING, 0, 0, KEEPALIVE))
         self.schedule("keepalive", self.lifetime.keepalive_timeout_s, self._peer_gone)
 
     def _peer_gone(self) -> None:
-        self.fail(f.NO_ERROR, f"keepalive PING unanswered for {self.lifetime.keepalive_timeout_s:.0f} s")
+        self.fail(f.NO_ERROR, f"keepalive PING unanswered for {self.lifetime.keepalive_timeout_s:g} s")
 
     def on_ping_ack(self, payload: bytes) -> None:
         if payload == KEEPALIVE:

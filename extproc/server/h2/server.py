@@ -106,6 +106,11 @@ class LeanServer:
             ssl_handshake_timeout=self._lifetime.handshake_s if self._tls is not None else None)
         return int(self._server.sockets[0].getsockname()[1])
 
+    @property
+    def connections(self) -> int:
+        """Connections open (handshake done)."""
+        return len(self._connections)
+
     async def stop(self, grace_s: float) -> None:
         if self._server is None:
             return
