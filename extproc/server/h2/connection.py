@@ -13,7 +13,6 @@ windows.
 from __future__ import annotations
 
 import asyncio
-import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -25,8 +24,6 @@ from extproc.server.h2 import frames as f
 from extproc.server.h2.calls import EOF, Call, Handler
 from extproc.server.h2.lifetime import Lifecycle, Lifetime
 from extproc.server.h2.output import Output
-
-log = logging.getLogger(__name__)
 
 MAX_STREAMS = 1024
 MAX_HEADER_BLOCK = 65_536
@@ -83,20 +80,6 @@ class GrpcConnection(Output, Lifecycle, asyncio.Protocol):
             self.drop(call)
         if self.on_close is not None:
             self.on_close(self)
-
-    def fail(self, code: int, why: str) -> None:
-        """A connection error: GOAWAY, then close (its calls are cancelled as the connection goes)."""
-        log.warning("closing an HTTP/2 connection of the lean front end: %s", why)
-        self.emit(f.goaway(self.last_stream, code))
-        self.flush()
-        if self.transport is not None:
-            self.transport.close()
-
-    def goaway(self) -> None:
-        """Drain: no new streams; those open finish."""
-        if not self.closing:
-            self.closing = True
-            self.emit(f.goaway(self.last_stream, f.NO_ERROR))
 
     # -- frames in --------------------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:

@@ -20,6 +20,7 @@ import logging
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from extproc.server.h2 import frames as f
 from extproc.server.h2.calls import Call
@@ -42,7 +43,8 @@ class Lifetime:
 
 
 class Lifecycle:
-    """The timers of GrpcConnection (connection.py), which owns the state declared here."""
+    """GrpcConnection's (connection.py) end: the timers, GOAWAY, connection errors; it owns the state declared
+    here."""
 
     lifetime: Lifetime
     calls: dict[int, Call]
@@ -51,20 +53,25 @@ class Lifecycle:
     timers: dict[str, asyncio.TimerHandle]
     control_frames: int
 
-    def emit(self, data: bytes) -> None:
-        raise NotImplementedError  # Output's
-
-    def flush(self) -> None:
-        raise NotImplementedError  # Output's
-
-    def drop(self, call: Call) -> None:
-        raise NotImplementedError  # Output's
+    last_stream: int
+    if TYPE_CHECKING:  # Output's
+        def emit(self, data: bytes) -> None: ...
+        def flush(self) -> None: ...
+        def drop(self, call: Call) -> None: ...
 
     def fail(self, code: int, why: str) -> None:
-        raise NotImplementedError  # GrpcConnection's
+        """A connection error: GOAWAY, then close (its calls are cancelled as the connection goes)."""
+        log.warning("closing an HTTP/2 connection of the lean front end: %s", why)
+        self.emit(f.goaway(self.last_stream, code))
+        self.flush()
+        if self.transport is not None:
+            self.transport.close()
 
     def goaway(self) -> None:
-        raise NotImplementedError  # GrpcConnection's
+        """Drain: no new streams; those open finish."""
+        if not self.closing:
+            self.closing = True
+            self.emit(f.goaway(self.last_stream, f.NO_ERROR))
 
     def schedule(self, name: str, delay_s: float, callback: Callable[[], None]) -> None:
         self.unschedule(name)
