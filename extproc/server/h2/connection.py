@@ -18,9 +18,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
-from hpack import Decoder, HPACKError
+from hpack import HPACKError
 
 from extproc.server.h2 import frames as f
+from extproc.server.h2.blocks import BlockDecoder
 from extproc.server.h2.calls import EOF, Call, Handler
 from extproc.server.h2.lifetime import Lifecycle, Lifetime
 from extproc.server.h2.output import Output
@@ -49,8 +50,7 @@ class GrpcConnection(Output, Lifecycle, asyncio.Protocol):
         self.buffer = bytearray()
         self.preface = False
         self.transport: asyncio.Transport | None = None
-        self.decoder = Decoder()
-        self.decoder.max_header_list_size = MAX_HEADER_BLOCK
+        self.decoder = BlockDecoder(MAX_HEADER_BLOCK)
         self.calls: dict[int, Call] = {}
         self.data: dict[int, bytearray] = {}  # per stream: bytes of an incomplete gRPC message
         self.block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments of an unfinished block
@@ -173,7 +173,7 @@ class GrpcConnection(Output, Lifecycle, asyncio.Protocol):
 
     def on_block(self, stream: int, flags: int, block: bytes) -> None:
         try:  # every block is decoded: the decoder's table must follow the peer's
-            headers = self.decoder.decode(block, raw=True)
+            headers = self.decoder.decode(block)
         except HPACKError as error:
             self.fail(f.COMPRESSION_ERROR, f"HPACK: {error}")
             return
