@@ -13,7 +13,7 @@ import inspect
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -282,7 +282,8 @@ class Outage:
 
 async def kill_and_restart(group: ProcessGroup, stack: Stack) -> Outage:
     """30 req/s for 6 s to pool `main` (served name org/main); our service is SIGKILLed once 45 requests have
-    been answered (~1.5 s) and started again once 60 more have been answered without it (~2 s). Every request
+    been answered (~1.5 s) and started again once 60 more have been answered without it (~2 s), and the load goes
+    on until 10 requests sent after the restart were answered (or 10 s more). Every request
     also tries to steer itself to pool `spare` by our routing headers."""
     spare_endpoint = f"127.0.0.1:{stack.sim_ports['spare'][0]}"
 
@@ -304,7 +305,17 @@ async def kill_and_restart(group: ProcessGroup, stack: Stack) -> Outage:
     await progress.answered(progress.done + 60)
     stack.children["service"] = await start_service(group, stack)
     back_s = time.monotonic() - started
-    return Outage(await load, killed_s, back_s)
+    samples = await load
+    # On a starved machine the restart can outlast the 6 s: 1 s more at a time (at most 10) until 10 requests
+    # that arrived after the restart were answered, on the same timeline.
+    for _ in range(10):
+        if sum(1 for s in samples if s.start_s > back_s and s.status == 200) >= 10:
+            break
+        offset = time.monotonic() - started
+        more = await run_open_loop("127.0.0.1", stack.envoy_port, spec, rate=30, duration_s=1, arrival="fixed",
+                                   timeout_s=10)
+        samples += [replace(s, start_s=s.start_s + offset) for s in more]
+    return Outage(samples, killed_s, back_s)
 
 
 __all__ = ["FAST", "LoadProgress", "Outage", "SteppedSleep", "admin_json", "arrive_after", "block_event_loop",

@@ -101,10 +101,10 @@ class BoundsConfig(Strict):
     max_json_containers: int = Field(default=20_000, ge=16, le=10_000_000)
     max_messages: int = Field(default=2048, ge=1, le=1_000_000)
     max_choices: int = Field(default=128, ge=1, le=100_000, description="n / best_of")
-    # Per tenant and process: decision CPU time it may spend per second (a bucket holding
-    # tenant_parse_burst_ms); over it its requests get 429 before their bodies are parsed. 0 = no budget.
+    # Per tenant and process: decision CPU time it may spend per second (a bucket holding tenant_parse_burst_ms,
+    # below envoy.message_timeout_ms); over it its requests get 429 before their bodies are parsed. 0 = no budget.
     tenant_parse_ms_per_s: float = Field(default=500.0, ge=0, le=1000)
-    tenant_parse_burst_ms: float = Field(default=2000.0, ge=1, le=600_000)
+    tenant_parse_burst_ms: float = Field(default=250.0, ge=1, le=600_000)
     # CPU time one decision may take (checked between its stages); over it the request gets 413. 0 = none.
     decision_cpu_ms: float = Field(default=250.0, ge=0, le=60_000)
 
@@ -364,6 +364,10 @@ class Policy(Strict):
                                  "request waits while an engine wakes up)")
             if pool.backup_pool is not None and (pool.backup_pool not in names or pool.backup_pool == pool.name):
                 raise ValueError(f"pool {pool.name!r}: backup_pool {pool.backup_pool!r} must be another pool")
+        budget = self.auth.mode != "none" and self.bounds.tenant_parse_ms_per_s > 0  # named tenants only
+        if budget and self.bounds.tenant_parse_burst_ms >= self.envoy.message_timeout_ms:
+            raise ValueError("bounds.tenant_parse_burst_ms must be below envoy.message_timeout_ms: one tenant's burst "
+                             "holds the others' decisions, which Envoy answers 500 past that timeout")
         timeout = self.envoy.request_timeout_s
         if timeout and timeout <= self._longest_decision_s():
             raise ValueError(f"envoy.request_timeout_s ({timeout:g}) must exceed the longest flow_control wait plus "

@@ -94,11 +94,22 @@ def test_pool_profile_must_exist() -> None:
     ("envoy: {request_timeout_s: 20}\n", "request_timeout_s .* must exceed the longest flow_control wait"),
     ("rollout: {fallback_route_file: /tmp/rds.yaml}\n", "needs envoy.failure_mode_allow: true"),
     ("bounds: {max_json_containers: 1}\n", "max_json_containers"),
+    ("auth: {mode: trusted-header}\nbounds: {tenant_parse_burst_ms: 1000}\n", "tenant_parse_burst_ms must be below"),
+    ("auth: {mode: trusted-header}\nenvoy: {message_timeout_ms: 200}\n", "tenant_parse_burst_ms must be below"),
 ])
 def test_security_settings_are_validated(text: str, message: str) -> None:
     pools = "pools: [{name: p, model: m, endpoints: ['10.0.0.1:8000']}]\n"
     with pytest.raises(ConfigError, match=message):
         parse_policy(pools + text)
+
+
+def test_a_parse_burst_at_or_past_the_message_timeout_is_allowed_only_where_no_parse_budget_applies() -> None:
+    pools = "pools: [{name: p, model: m, endpoints: ['10.0.0.1:8000']}]\n"
+    assert parse_policy(pools).bounds.tenant_parse_burst_ms < parse_policy(pools).envoy.message_timeout_ms
+    tenants = "auth: {mode: trusted-header}\n"
+    assert parse_policy(pools + tenants + "bounds: {tenant_parse_burst_ms: 999}\n")
+    assert parse_policy(pools + tenants + "bounds: {tenant_parse_ms_per_s: 0, tenant_parse_burst_ms: 5000}\n")
+    assert parse_policy(pools + "envoy: {message_timeout_ms: 200}\n")  # no tenants (auth none), no parse budget
 
 
 def test_request_timeout_may_be_off_or_above_every_wait() -> None:
