@@ -91,12 +91,17 @@ class LeanServer:
         self._lifetime = lifetime if lifetime is not None else Lifetime()
         self._server: asyncio.Server | None = None
         self._connections: set[GrpcConnection] = set()
+        self.opened_total = 0  # connections made (handshake done)
 
     def _connection(self) -> GrpcConnection:
         connection = GrpcConnection(self._methods, self._max_message, self._connections.discard, self._lifetime)
         # Kept from connection_made: a TLS handshake that fails never makes the connection (nor loses it).
-        connection.on_open = self._connections.add
+        connection.on_open = self._opened
         return connection
+
+    def _opened(self, connection: GrpcConnection) -> None:
+        self._connections.add(connection)
+        self.opened_total += 1
 
     async def start(self, host: str, port: int) -> int:
         """Listen (SO_REUSEPORT, as grpc.aio does, for several workers on one port); the port bound."""
@@ -110,6 +115,11 @@ class LeanServer:
     def connections(self) -> int:
         """Connections open (handshake done)."""
         return len(self._connections)
+
+    @property
+    def draining(self) -> int:
+        """Connections past their final GOAWAY: their open calls finish, no new ones start."""
+        return sum(1 for connection in self._connections if connection.closing)
 
     async def stop(self, grace_s: float) -> None:
         if self._server is None:

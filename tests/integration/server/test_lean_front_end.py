@@ -164,3 +164,36 @@ async def test_tls_with_alpn_h2_and_hostile_connections_are_bounded(tmp_path: Pa
         await eventually(lambda: not server.connections, "no connection left behind")
     finally:
         await server.stop(0.2)
+
+
+async def test_grpc_core_follows_connection_ageing_without_losing_a_call() -> None:
+    """`--workers`: connections aged out (GOAWAY, PING round trip, final GOAWAY); grpc core's client reconnects
+    and every call, including those sent while the GOAWAY was on its way, is answered."""
+    processor, checks = Processor(), health.aio.HealthServicer()
+    await checks.set("", health_pb2.HealthCheckResponse.SERVING)
+    server = LeanServer(processor, AccessLog(), checks, max_message=1 << 20,
+                        lifetime=Lifetime(max_age_s=0.2, age_grace_s=5))
+    port = await server.start("127.0.0.1", 0)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+
+            async def aged_twice() -> bool:
+                answers = await asyncio.gather(*(stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+                                                 for _ in range(20)))
+                assert all(a.status == health_pb2.HealthCheckResponse.SERVING for a in answers)
+                return server.opened_total >= 3
+
+            await eventually(aged_twice, "two connections aged out and replaced", timeout_s=15, interval_s=0.05)
+        # A stream open across the ageing finishes on its old connection.
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = ext_grpc.ExternalProcessorStub(channel).Process()
+            await call.write(ext_pb.ProcessingRequest(request_headers=ext_pb.HttpHeaders()))
+            await call.read()
+            await eventually(lambda: server.draining == 1, "the stream's connection aged", timeout_s=5)
+            await call.write(ext_pb.ProcessingRequest(request_body=ext_pb.HttpBody(body=b"late", end_of_stream=True)))
+            assert (await call.read()).request_body.response.body_mutation.body == b"etal"
+            await call.done_writing()
+            assert await call.code() == grpc.StatusCode.OK
+    finally:
+        await server.stop(0.2)
