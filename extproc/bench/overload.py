@@ -43,7 +43,7 @@ from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import engine_ttft, scrape_metrics
-from extproc.bench.routing_options import NOFLOW, split_strategy
+from extproc.bench.routing_options import NOFLOW, SHARE, shares_scrapes, split_strategy, strategy_flags
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
@@ -74,7 +74,8 @@ def prompt_tokens(seed: int, samples: int = 200) -> int:
     return round(sum(counts) / len(counts))
 
 
-def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None = None) -> dict[str, Any]:
+def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None = None,
+            share: bool = False) -> dict[str, Any]:
     policy: dict[str, Any] = {
         "auth": {"mode": "trusted-header"},
         "tiers": {"default": {}, "gold": {"priority": "critical"}, "standard": {"priority": "standard"},
@@ -85,6 +86,8 @@ def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None 
         policy["limits"] = {"store": "redis", "redis_url": redis_url}
     if fleet_sync_ms is not None:
         policy["flow_control"]["fleet_sync_ms"] = fleet_sync_ms
+    if share:  # the replicas share their endpoint scrapes through the same exchange (strategy suffix +share)
+        policy["scheduling"] = {"scrape": {"share": True}}
     return policy
 
 
@@ -122,7 +125,8 @@ async def _start(group: ProcessGroup, workdir: Path, strategy: str, endpoints: i
         port = free_ports(1)[0]
         await start_redis(group, port)
         redis_url = f"redis://127.0.0.1:{port}/0"
-    stack = prepare(workdir, pools, extra_policy=_policy(split_strategy(strategy)[1], redis_url, fleet_sync_ms),
+    stack = prepare(workdir, pools, extra_policy=_policy(split_strategy(strategy)[1], redis_url, fleet_sync_ms,
+                                                      shares_scrapes(strategy)),
                     service_replicas=1 if envoy_only else replicas)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, sim_args)
     if envoy_only:
@@ -264,11 +268,13 @@ async def run_overload(args: argparse.Namespace) -> int:
     if args.slo_ttft is None:
         args.slo_ttft = SLO_TTFT_S
     strategies = [s.strip() for s in (args.strategies or DEFAULT_STRATEGIES).split(",") if s.strip()]
-    bad = [s for s in strategies if s not in ENVOY_STRATEGIES and split_strategy(s)[0] != "default"]
+    bad = [s for s in strategies if s not in ENVOY_STRATEGIES
+           and (strategy_flags(s)[0] != "default" or not strategy_flags(s)[1] <= {NOFLOW, SHARE} or "@" in s)]
     loads = [float(x) for x in (args.loads or DEFAULT_LOADS).split(",") if x.strip()]
     endpoints = args.endpoints or 4
     if bad or not loads or min(loads) <= 0:
-        print(f"error: strategies must be envoy-least-request, envoy-round-robin, default or default{NOFLOW} "
+        print(f"error: strategies must be envoy-least-request, envoy-round-robin, default, default{NOFLOW}, "
+              f"default{SHARE} or default{NOFLOW}{SHARE} "
               f"(got {bad}); --loads must be positive", file=sys.stderr)
         return 2
     profile = BUILTIN_PROFILES["h100-8b"]

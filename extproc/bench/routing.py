@@ -41,7 +41,7 @@ from extproc.bench.routing_metrics import (
     point_row,
     scrape_metrics,
 )
-from extproc.bench.routing_options import front_end, split_strategy
+from extproc.bench.routing_options import front_end, shares_scrapes, split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
 from extproc.bench.routing_samples import dump_point
@@ -54,12 +54,13 @@ __all__ = ["configure", "run_routing"]
 
 
 def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
-    """Point every pool at the strategy's scheduling profile, set its flow control and front end, and declare the
-    pools' LoRA adapters (not part of stack.prepare)."""
+    """Point every pool at the strategy's scheduling profile, set its flow control, front end and scrape sharing,
+    and declare the pools' LoRA adapters (not part of stack.prepare)."""
     profile, flow = split_strategy(strategy)
     document = yaml.safe_load(stack.policy_path.read_text())
     document.setdefault("flow_control", {})["enabled"] = flow
     document.setdefault("service", {})["front_end"] = front_end(strategy)
+    document.setdefault("scheduling", {}).setdefault("scrape", {})["share"] = shares_scrapes(strategy)
     for entry, pool in zip(document["pools"], pools, strict=True):
         entry["profile"] = profile
         if pool.lora:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "LEAN", "NOFLOW", "PrefixShape", "add_shape_options", "front_end", "parse_range", "service_replicas",
-    "split_strategy", "strategy_flags",
+    "LEAN", "NOFLOW", "SHARE", "PrefixShape", "add_shape_options", "front_end", "parse_range", "service_replicas",
+    "shares_scrapes", "split_strategy", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -19,7 +19,10 @@ NOFLOW = "+noflow"
 # A strategy with this suffix runs our service on the lean HTTP/2 front end (`service.front_end: lean`) instead of
 # grpcio's; suffixes combine in any order before @N, e.g. default+noflow+lean@3.
 LEAN = "+lean"
-SUFFIXES = frozenset({NOFLOW, LEAN})
+# A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
+# endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
+SHARE = "+share"
+SUFFIXES = frozenset({NOFLOW, LEAN, SHARE})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -53,6 +56,11 @@ def split_strategy(strategy: str) -> tuple[str, bool]:
 def front_end(strategy: str) -> str:
     """The service's `service.front_end` for a strategy: "lean" with the LEAN suffix, else "grpcio"."""
     return "lean" if LEAN in strategy_flags(strategy)[1] else "grpcio"
+
+
+def shares_scrapes(strategy: str) -> bool:
+    """The service's `scheduling.scrape.share` for a strategy: on with the SHARE suffix, else off (the default)."""
+    return SHARE in strategy_flags(strategy)[1]
 
 
 def parse_range(text: str) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from extproc.bench.routing_metrics import FLEET_HEADROOM, KV_TARGET_RATIO, kv_bl
 from extproc.bench.routing_options import (
     LEAN,
     NOFLOW,
+    SHARE,
     SUFFIXES,
     PrefixShape,
     add_shape_options,
@@ -127,10 +128,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
                              f"with flow control on, or off with the suffix {NOFLOW}, on the lean front end with "
-                             f"{LEAN}, and with --replicas service processes or N of them with the suffix @N "
-                             "(e.g. default@3) "
+                             f"{LEAN}, the replicas sharing their scrapes with {SHARE}, and with --replicas "
+                             "service processes or N of them with the suffix @N (e.g. default@3) "
                              f"(default {DEFAULT_STRATEGIES}); "
-                             f"overload: envoy-least-request, default, default{NOFLOW} (default {OVERLOAD_STRATEGIES})")
+                             f"overload: envoy-least-request, default, default{NOFLOW}, default{SHARE} "
+                             f"(default {OVERLOAD_STRATEGIES})")
     parser.add_argument("--loads", default=None,
                         help="comma list of offered load as shares of the fleet's capacity, measured on the "
                              f"workload: the engines' throughput with {CAPACITY_HIT_SHARE * 100:.0f}%% of what a "
@@ -240,7 +242,7 @@ def _strategies(args: argparse.Namespace, pools: int, extra: Mapping[str, Any]) 
     unknown = [s for s in strategies if _unknown(s, known, profiles)]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
-                         f"(a profile may take {NOFLOW}, {LEAN} and @N service replicas)")
+                         f"(a profile may take {NOFLOW}, {LEAN}, {SHARE} and @N service replicas)")
     for strategy in strategies:
         service_replicas(strategy, 1)  # raises ValueError on a bad @N
     peers = [s for s in strategies if s in PEERS]

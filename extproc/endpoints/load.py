@@ -1,12 +1,13 @@
 """How loaded an endpoint is and when it is full: the one model the scheduler and flow control share.
 
-Load: vLLM's running + waiting at the last scrape, plus what this process sent since (minus what finished),
-never below what the service replicas have in flight there (this process's count plus the others' as
-synced through Redis, or this count times the replica count without that sync).
+Load: vLLM's running + waiting at the last scrape, plus what the service replicas sent since (minus what ended
+there since: the change of their in-flight count, the others' as synced through Redis), never below what the
+service replicas have in flight there (this process's count plus the others' as synced through Redis, or this
+count times the replica count without that sync).
 
 Full, when any holds:
 - KV: the cache is past `max_kv_utilization` while requests wait (a preempted request waits too), until a
-  request of this process finishes there (that frees blocks no scrape has shown yet);
+  request of the replicas finishes there (that frees blocks no scrape has shown yet);
 - queueing: the engine's own queue has lasted `sustain_ms` (3 scrapes or more), whatever it waits for
   (seats, blocks, the step's token budget): it then gets a new request only when its queue is estimated
   empty (waiting at the scrape, plus what was sent since, minus what finished since), so it never idles and
@@ -71,8 +72,16 @@ class LoadModel:
         metrics = self.fresh(endpoint, now)
         if metrics is None:
             return local
-        sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
-        return max(metrics.running + metrics.waiting + sent_since, local)
+        return max(metrics.running + metrics.waiting + self.sent_since(endpoint), local)
+
+    @staticmethod
+    def sent_since(endpoint: Endpoint) -> float:
+        """Requests the service replicas sent to the endpoint since its last scrape, less those that ended there
+        since: the change of their in-flight count, the others' included as synced (`Endpoint.in_flight_at_scrape`).
+        With several replicas, counting only this one's would keep the others' finished requests in the load
+        until the next scrape: the pool would look full while seats are free, and requests held here wait for it.
+        """
+        return float(endpoint.fleet_in_flight - endpoint.in_flight_at_scrape)
 
     def capacity(self, endpoint: Endpoint, now: float, reserve: float = 0.0) -> float | None:
         """Requests the endpoint takes from a class keeping `reserve` of it free (None: no limit known).
@@ -106,7 +115,7 @@ class LoadModel:
         metrics = self.fresh(endpoint, now)
         if metrics is None:
             return None
-        sent_since = endpoint.in_flight - endpoint.in_flight_at_scrape
+        sent_since = self.sent_since(endpoint)
         if metrics.kv_usage >= self._config.max_kv_utilization and metrics.waiting > 0 and sent_since >= 0:
             return 0.0
         room = math.inf

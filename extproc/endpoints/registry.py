@@ -29,11 +29,19 @@ class Endpoint:
     metrics: EndpointMetrics | None = None  # None until the first successful scrape
     scrape_failures: int = 0  # consecutive failed scrapes
     latency_ewma_s: float | None = None  # time from routing to response headers
-    in_flight_at_scrape: int = 0  # in_flight when `metrics` was fetched (the since-scrape delta)
+    # The replicas' in-flight requests here when `metrics` was fetched (`fleet_in_flight` then: this process's plus
+    # the others' as last synced), so that what the replicas sent and what ended since is the change of it.
+    in_flight_at_scrape: int = 0
     others_in_flight: int = 0  # other service replicas' in-flight requests here (extproc.server.fleet)
     engine: EngineState = field(default_factory=EngineState)
     asleep: bool = False  # vLLM sleep mode: asleep, going to sleep or waking (extproc.endpoints.sleep)
     adapters: frozenset[str] = frozenset()  # LoRA adapters loaded, as last seen (extproc.endpoints.adapters)
+
+    @property
+    def fleet_in_flight(self) -> int:
+        """The service replicas' in-flight requests here: this process's plus the others' as last synced (without
+        the fleet sync, this process's alone)."""
+        return self.in_flight + self.others_in_flight
 
     def lease(self, tokens: int = 0) -> Lease:
         """A request routed here: counted in flight until the lease is released."""
@@ -47,7 +55,7 @@ class Endpoint:
         self.in_flight_tokens -= tokens
 
     def scraped(self, metrics: EndpointMetrics, in_flight: int, config: SaturationConfig) -> None:
-        """A good scrape, started while this process had `in_flight` requests here."""
+        """A good scrape, started while the replicas had `in_flight` requests here (`fleet_in_flight` then)."""
         self.metrics = metrics
         self.in_flight_at_scrape = in_flight
         self.scrape_failures = 0

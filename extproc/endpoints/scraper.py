@@ -138,7 +138,7 @@ class MetricsScraper:
             self._scrapes[endpoint] = asyncio.create_task(self._scrape(endpoint))
 
     async def _scrape(self, endpoint: Endpoint) -> None:
-        in_flight = endpoint.in_flight
+        in_flight = endpoint.fleet_in_flight
         try:
             async with asyncio.timeout(self._timeout_s):
                 text = await self._fetch(endpoint.address)

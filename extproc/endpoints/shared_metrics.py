@@ -23,8 +23,9 @@ from typing import Any
 
 from extproc.endpoints.metrics import EndpointMetrics
 
-__all__ = ["decode", "encode", "owner"]
+__all__ = ["FIELDS", "decode", "encode", "owner"]
 
+FIELDS = 16  # of one encoded scrape
 _MAX_BUCKETS = 64
 _MAX_LORAS = 64
 _MAX_NAME = 256
@@ -81,8 +82,8 @@ def _buckets(value: Any) -> tuple[tuple[float, float], ...]:
 def decode(item: Any, now: float) -> EndpointMetrics:
     """A published scrape -> EndpointMetrics stamped on this process's clock (`now` less its age). Raises
     ValueError on anything malformed."""
-    if not isinstance(item, list) or len(item) != 16:
-        raise ValueError("expected a list of 16 fields")
+    if not isinstance(item, list) or len(item) != FIELDS:
+        raise ValueError(f"expected a list of {FIELDS} fields")
     age = _number(item[0])
     kv = _number(item[3])
     if kv > 1.0:

@@ -1,10 +1,16 @@
 """The fleet exchange's share of endpoint scrapes (see `extproc.endpoints.shared_metrics` for why and the wire
 form of one scrape).
 
-Each replica publishes its own recent scrapes (`<wall time> <JSON {address: [sequence, scrape]}>`, one more field
-of the fleet hash next to its in-flight counts, written in the same script call) and adopts the other
-replicas' newer ones as if it had scraped them itself. The scraper asks `should_scrape` before each scrape: an
-endpoint another live replica owns is skipped while a copy younger than `fallback_s` is at hand.
+Each replica publishes its own recent scrapes (`<wall time> <JSON {address: [sequence, scrape..., in flight]}>`, one
+more field of the fleet hash next to its in-flight counts, written in the same script call) and adopts the other
+replicas' newer ones as if it had scraped them itself. "In flight" is the replicas' in-flight count at the endpoint
+when the scrape was taken, as the publisher knew it (`Endpoint.in_flight_at_scrape`): the adopter counts what the
+replicas sent and what ended since from it (`LoadModel.sent_since`), exactly as after its own scrape. (Counting
+from the adopter's own count at adoption, as before, missed every request that ended or was sent between the
+scrape and its adoption, up to an interval plus two exchanges, and the others' since: flow control saw a full pool
+with seats free.) An entry without it (an older replica's) is adopted with the adopter's count at adoption.
+The scraper asks `should_scrape` before each scrape: an endpoint another live replica owns is skipped while a
+copy younger than `fallback_s` is at hand.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from extproc.endpoints import Endpoint, EndpointMetrics, EndpointRegistry
 from extproc.endpoints.config import SaturationConfig
+from extproc.endpoints.shared_metrics import FIELDS as _FIELDS
 from extproc.endpoints.shared_metrics import decode, encode, owner
 
 __all__ = ["SCRAPES_SUFFIX", "ScrapeShare"]
@@ -24,6 +31,7 @@ _log = logging.getLogger(__name__)
 
 SCRAPES_SUFFIX = "/scrapes"  # a replica's field for its scrapes: its id and this suffix
 _MAX_PAYLOAD = 1 << 20  # bytes of one replica's published scrapes read at most
+_MAX_IN_FLIGHT = 1 << 24  # a published in-flight count above this is malformed
 
 
 class ScrapeShare:
@@ -39,7 +47,8 @@ class ScrapeShare:
         self._saturation = saturation
         self._clock = clock
         self._sequence = 0
-        self._mine: dict[str, tuple[int, EndpointMetrics]] = {}  # address -> (sequence, own latest scrape)
+        # address -> (sequence, own latest scrape, the replicas' in-flight count there when it was taken)
+        self._mine: dict[str, tuple[int, EndpointMetrics, int]] = {}
         self._adopted: dict[str, tuple[str, int]] = {}  # address -> (publishing field, sequence) last adopted
         # The payload last built (republished as is until a new scrape or an expiry: its stamp dates its ages) and
         # each other replica's value last read (the same bytes again need no parsing): both every exchange else.
@@ -54,9 +63,9 @@ class ScrapeShare:
         self._live = replicas
 
     def scraped(self, endpoint: Endpoint, metrics: EndpointMetrics) -> None:
-        """This replica scraped `endpoint` (published at the next exchange)."""
+        """This replica scraped `endpoint` (published at the next exchange), after `endpoint.scraped`."""
         self._sequence += 1
-        self._mine[endpoint.address] = (self._sequence, metrics)
+        self._mine[endpoint.address] = (self._sequence, metrics, endpoint.in_flight_at_scrape)
         self._payload = None
 
     def should_scrape(self, endpoint: Endpoint) -> bool:
@@ -71,11 +80,11 @@ class ScrapeShare:
     def payload(self, now: float, stale_after_s: float) -> str | None:
         """This replica's scrapes younger than `stale_after_s`, stamped with wall time `now` (None: none)."""
         mono = self._clock()
-        if any(mono - m.scraped_at > stale_after_s for _, m in self._mine.values()):
+        if any(mono - m.scraped_at > stale_after_s for _, m, _ in self._mine.values()):
             self._mine = {a: m for a, m in self._mine.items() if mono - m[1].scraped_at <= stale_after_s}
             self._payload = None
         if self._payload is None and self._mine:
-            items = {a: [seq, *encode(m, mono - m.scraped_at)] for a, (seq, m) in self._mine.items()}
+            items = {a: [seq, *encode(m, mono - m.scraped_at), count] for a, (seq, m, count) in self._mine.items()}
             self._payload = f"{now:.3f} {json.dumps(items, separators=(',', ':'))}"
         return self._payload
 
@@ -106,14 +115,26 @@ class ScrapeShare:
                 if self._adopted.get(address) == (field, item[0]):
                     continue  # the same scrape, published again
                 try:
-                    metrics = decode(item[1:], mono - delay)
+                    metrics = decode(item[1:_FIELDS + 1], mono - delay)
+                    in_flight = _in_flight(item[_FIELDS + 1:], endpoint)
                 except ValueError as exc:
                     _log.debug("ignoring a shared scrape of %s from %s: %s", address, field, exc)
                     continue
                 self._adopted[address] = (field, item[0])
                 current = endpoint.metrics
                 if current is None or metrics.scraped_at > current.scraped_at:
-                    endpoint.scraped(metrics, endpoint.in_flight, self._saturation())
+                    endpoint.scraped(metrics, in_flight, self._saturation())
                     adopted += 1
         self.adopted_total += adopted
         return adopted
+
+
+def _in_flight(rest: list[object], endpoint: Endpoint) -> int:
+    """The replicas' in-flight count at a shared scrape (what follows its fields); an older replica's entry has
+    none: the adopter's count now stands for it. Raises ValueError on anything but one count in bounds."""
+    if not rest:
+        return endpoint.fleet_in_flight
+    count = rest[0]
+    if len(rest) != 1 or type(count) is not int or not 0 <= count <= _MAX_IN_FLIGHT:
+        raise ValueError(f"expected one in-flight count 0..{_MAX_IN_FLIGHT} after the scrape, got {rest[:2]!r}")
+    return count

@@ -98,6 +98,9 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
                   tmp_path / "envoy", {pools[0].name: [9001, 9002]}, [(9100, 9101)])
     routing._use_profile(stack, plan.layout.pools, "variant+noflow")
     assert {p.profile for p in stack.policy.pools} == {"variant"} and not stack.policy.flow_control.enabled
+    assert not stack.policy.scheduling.scrape.share
+    routing._use_profile(stack, plan.layout.pools, "variant+share+noflow")
+    assert stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
     with pytest.raises(ValueError, match="unknown strategies"):  # without the file, the profile is unknown
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--strategies", "variant"))
@@ -110,8 +113,10 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--scheduling", str(path)))
 
 
-async def test_overload_rejects_unknown_strategies(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert await routing.run_routing(_args(tmp_path, "--workload", "overload", "--strategies", "random")) == 2
+@pytest.mark.parametrize("strategy", ["random", "default+lean", "default+bogus", "default+share@3"])
+async def test_overload_rejects_unknown_strategies(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   strategy: str) -> None:
+    assert await routing.run_routing(_args(tmp_path, "--workload", "overload", "--strategies", strategy)) == 2
     assert "strategies must be" in capsys.readouterr().err
 
 

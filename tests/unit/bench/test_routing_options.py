@@ -7,11 +7,13 @@ import pytest
 from extproc.bench.routing_options import (
     LEAN,
     NOFLOW,
+    SHARE,
     PrefixShape,
     add_shape_options,
     front_end,
     parse_range,
     service_replicas,
+    shares_scrapes,
     split_strategy,
 )
 from extproc.bench.routing_workloads import popularity_weights, shared_prefix_workload
@@ -34,6 +36,14 @@ def test_the_lean_suffix_picks_the_front_end_and_combines_with_the_others() -> N
         assert split_strategy(strategy)[0] == "default"
     assert split_strategy(f"default{LEAN}@3") == ("default", True)
     assert split_strategy(f"default{LEAN}{NOFLOW}") == ("default", False)
+
+
+def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others() -> None:
+    assert not shares_scrapes("default") and not shares_scrapes(f"default{NOFLOW}{LEAN}@3")
+    for strategy in (f"default{SHARE}", f"default{NOFLOW}{SHARE}@3", f"default{SHARE}{LEAN}"):
+        assert shares_scrapes(strategy) and split_strategy(strategy)[0] == "default"
+    assert split_strategy(f"default{SHARE}{NOFLOW}") == ("default", False)
+    assert front_end(f"default{SHARE}{LEAN}") == "lean"
 
 
 @pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])

@@ -17,7 +17,7 @@ def model(seats: int | None = None, replicas: int = 1) -> LoadModel:
 def scrape(ep: Endpoint, at: float, running: float = 0, waiting: float = 0, kv: float = 0.1,
            steps: tuple[tuple[float, float], ...] = ()) -> None:
     ep.scraped(EndpointMetrics(scraped_at=at, running=running, waiting=waiting, kv_usage=kv,
-                               step_tokens_buckets=steps), ep.in_flight, CONFIG)
+                               step_tokens_buckets=steps), ep.fleet_in_flight, CONFIG)
 
 
 def queue_for(ep: Endpoint, start: float, seconds: float, running: float, waiting: float = 2,

@@ -12,6 +12,7 @@ import pytest
 
 from extproc.config.schema import SaturationConfig, ScrapeConfig
 from extproc.endpoints import Endpoint, EndpointMetrics, EndpointRegistry, MetricsScraper
+from extproc.endpoints.load import LoadModel
 from extproc.endpoints.metrics_transport import ScrapeFailed
 from extproc.endpoints.scraper import is_fresh
 from tests.support import SteppedSleep, eventually
@@ -321,3 +322,26 @@ async def test_skips_what_another_replica_scrapes_and_hands_its_own_scrapes_on()
     assert transport.hits == {A: 2}
     assert endpoint(registry, B).metrics is None
     assert handed == [(A, 3.0), (A, 3.0)]
+
+
+async def test_a_scrape_records_every_replicas_in_flight_so_the_others_finished_requests_free_room_at_once() -> None:
+    """With several service replicas, the load after a scrape is the scrape plus the change of the replicas'
+    in-flight count since: another replica's requests that end there free their seats at its next in-flight
+    exchange, not at the next scrape (which, at 0.9x load with 3 replicas, held requests while seats were free)."""
+    transport, sleep = FakeTransport(), SteppedSleep()
+    transport.replies[A] = PAGE.replace("running{model_name=\"m\"} 3.0", "running{model_name=\"m\"} 7.0").replace(
+        "waiting{model_name=\"m\"} 1.0", "waiting{model_name=\"m\"} 0.0")
+    registry = registry_of(A)
+    ep = endpoint(registry, A)
+    lease = ep.lease()
+    ep.others(6)  # the engine runs 7: this replica's one and the others' six
+    async with scraper(registry, transport, sleep, clock=lambda: 50.0):
+        await sleep.wait_parked()
+        await scrapes_done()
+    assert ep.in_flight_at_scrape == 7
+    seats = LoadModel(SaturationConfig(), stale_after_s=1.0, seats=7)
+    assert seats.room(ep, 50.01) == 0
+    ep.others(4)  # two of the others' requests ended there since the scrape
+    assert seats.requests(ep, 50.01) == 5 and seats.room(ep, 50.01) == 2
+    lease.release()
+    assert seats.room(ep, 50.01) == 3
