@@ -173,6 +173,11 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
                  "Latency added by our filter: the same load through Envoy with and without it.",
                  "Latency added by our filter: the same load through Envoy with and without it "
                  "(backend: an Envoy direct_response)."),
+    "soak": ("extproc.bench.soak", "run_soak",
+             "Minutes of steady load with clients cutting requests: memory over time, nothing held at the end.",
+             "Real Envoy, the service (Redis limits with a concurrency lease per request) and a simulated fleet "
+             "under open-loop load, a share of the requests cut by the client mid-response; samples the service's "
+             "memory, then checks no exchange, endpoint slot or Redis lease is left; writes JSON."),
     "scheduling": ("extproc.bench.scheduling", "run_scheduling",
                    "CPU cost of one routing decision (parse + prefix hashing + scheduling), no network.",
                    "CPU cost of one routing decision inside the service for several prompt sizes."),

@@ -87,6 +87,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--service-env", action="append", default=[], metavar="NAME=VALUE[,NAME=VALUE]",
                         help="also run the first store (and the trivial processor) with these environment variables "
                              "(e.g. GRPC_POLL_STRATEGY=poll), as extra variants in the same run (repeat for more)")
+    parser.add_argument("--front-ends", default="lean", metavar="NAME[,NAME]",
+                        help="service.front_end of the variants (lean, grpcio); a second one runs every store and "
+                             "workers variant again on it, in the same rounds (default lean)")
     add_body_modes(parser)
 
 
@@ -110,12 +113,13 @@ def _latency(samples: list[Sample]) -> dict[str, Any]:
 
 
 def _policy(workdir: Path, name: str, store: str, args: argparse.Namespace, direct_port: int,
-            redis_port: int, workers: int, tracing: float | None = None, body_mode: str = "") -> Path:
+            redis_port: int, workers: int, tracing: float | None = None, body_mode: str = "",
+            front_end: str = "lean") -> Path:
     grpc_port, admin_port, gw_port, envoy_admin = free_ports(4)
     if workers > 1:  # the supervisor's admin port, its workers' right after it
         admin_port = free_port_block(workers + 1)
     policy_doc: dict[str, Any] = {
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "workers": workers},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "workers": workers, "front_end": front_end},
         "envoy": {"listen_port": gw_port, "admin_port": envoy_admin},
         "pools": [{"name": "bench", "model": MODEL, "endpoints": [f"127.0.0.1:{direct_port}"]}],
     }
@@ -146,8 +150,8 @@ class Target:
     admin: str | None = None
 
 
-# name, store, workers, tracing ratio (None: off), body mode, environment of the service
-Variant = tuple[str, str, int, float | None, str, tuple[tuple[str, str], ...]]
+# name, store, workers, tracing ratio (None: off), body mode, environment of the service, front end
+Variant = tuple[str, str, int, float | None, str, tuple[tuple[str, str], ...], str]
 
 
 def _variants(args: argparse.Namespace) -> list[Variant] | str:
@@ -165,22 +169,28 @@ def _variants(args: argparse.Namespace) -> list[Variant] | str:
         return f"--tracing takes a sample ratio in [0, 1]; got {args.tracing}"
     if isinstance(modes := parse_modes(args.body_modes, len(stores), len(workers)), str):
         return modes  # else endpoint-picker mode: one variant per request body mode (or none)
+    fronts = [name.strip() for name in args.front_ends.split(",") if name.strip()]
+    if not fronts or any(name not in ("lean", "grpcio") for name in fronts) or len(set(fronts)) < len(fronts):
+        return f"--front-ends takes distinct values among lean, grpcio; got {args.front_ends!r}"
     single = len(stores) == 1 and len(workers) == 1 and not modes
-    variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode, ()) for mode in modes] or [
-        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "", ())
+    front = fronts[0]
+    variants: list[Variant] = [(f"with_extproc[{mode}]", stores[0], workers[0], None, mode, (), front)
+                               for mode in modes] or [
+        (f"with_extproc[{store}]" if not single else "with_extproc", store, workers[0], None, "", (), front)
         for store in stores]
-    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "", ()) for n in workers[1:]]
+    variants += [(f"with_extproc[{stores[0]}]x{n}", stores[0], n, None, "", (), front) for n in workers[1:]]
+    variants += [(f"{v[0]}{{{other}}}", *v[1:6], other) for other in fronts[1:] for v in list(variants)]
     if args.tracing is not None:  # compared with a tracing-off twin in the same position (see extproc/bench/paired.py)
         variants += [(variants[0][0] + suffix, stores[0], workers[0], None if suffix == TWIN else args.tracing,
-                      variants[0][4], ()) for suffix in (TWIN, *TRACED_SUFFIXES[args.tracing_envoy])]
+                      variants[0][4], (), front) for suffix in (TWIN, *TRACED_SUFFIXES[args.tracing_envoy])]
     envs = [tuple((k, v) for k, _, v in (item.partition("=") for item in spec.split(","))) for spec in args.service_env]
     if any(not k or not v for env in envs for k, v in env):
         return f"--service-env takes NAME=VALUE[,NAME=VALUE]; got {args.service_env!r}"
     first = variants[0]
-    variants += [(f"{first[0]}{{{_env_label(env)}}}", *first[1:5], env) for env in envs]
+    variants += [(f"{first[0]}{{{_env_label(env)}}}", *first[1:5], env, front) for env in envs]
     if args.trivial == "on":
-        variants += [("trivial", "trivial", 1, None, "", ()),
-                     *((f"trivial{{{_env_label(env)}}}", "trivial", 1, None, "", env) for env in envs)]
+        variants += [("trivial", "trivial", 1, None, "", (), front),
+                     *((f"trivial{{{_env_label(env)}}}", "trivial", 1, None, "", env, front) for env in envs)]
     return variants
 
 
@@ -190,13 +200,13 @@ def _env_label(env: tuple[tuple[str, str], ...]) -> str:
 
 async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, variant: Variant,
                  first: bool, ports: tuple[int, int, int]) -> Target:
-    name, store, workers, tracing, body_mode, env = variant
+    name, store, workers, tracing, body_mode, env, front_end = variant
     direct_port, bare_port, redis_port = ports
     if not first:  # each variant's Envoy serves its own backend: no variant pays a hop to another Envoy
         (direct_port,) = free_ports(1)
     label = "".join(c if c.isalnum() or c in "-_" else "-" for c in name)
     policy_path = _policy(workdir, label, store, args,
-                          direct_port, redis_port, workers, tracing, body_mode)
+                          direct_port, redis_port, workers, tracing, body_mode, front_end)
     policy = parse_policy(policy_path.read_text(), str(policy_path))
     envoy_config = workdir / f"envoy-{policy_path.stem}.yaml"
     bootstrap = bench_bootstrap(policy, direct_port, bare_port if first else None)
@@ -246,6 +256,7 @@ async def run_overhead(args: argparse.Namespace) -> int:
     ports = (direct_port, bare_port, redis_port)
     _spec = request_spec(args.prompt_chars)
     report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
+                              "front_ends": args.front_ends,
                               "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}

@@ -118,8 +118,9 @@ def build_policy(
     envoy: Mapping[str, Any] | None = None, extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     grpc_port, admin_port, listen_port, envoy_admin = service_ports
+    extra = dict(extra or {})
     return {
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, **extra.pop("service", {})},
         "envoy": {"listen_port": listen_port, "admin_port": envoy_admin, "expose_upstream_host": True,
                   **(envoy or {})},
         "pools": [
@@ -128,7 +129,7 @@ def build_policy(
              **({"max_num_seqs": p.max_num_seqs} if p.max_num_seqs is not None else {}), **dict(p.options)}
             for p in pools
         ],
-        **(extra or {}),
+        **extra,
     }
 
 

@@ -80,15 +80,9 @@ class ServiceConfig(Strict):
     # Envoy config opens one HTTP/2 connection per few streams when it is above 1, so streams spread.
     workers: int = Field(default=1, ge=1, le=64)
     tls: GrpcTls | None = None  # TLS on the gRPC port (extproc/config/epp.py)
-    # What serves the gRPC port: grpcio (grpc.aio) or lean (HTTP/2 on the event loop: ext_proc, access log and
-    # health Check only; extproc/server/h2/). Read at start.
-    front_end: Literal["grpcio", "lean"] = "grpcio"
-
-    @model_validator(mode="after")
-    def _lean_serves_less(self) -> ServiceConfig:
-        if self.front_end == "lean" and (self.tls is not None or self.workers > 1):
-            raise ValueError("service.front_end lean serves plaintext in one process: tls and workers need grpcio")
-        return self
+    # What serves the gRPC port: lean (HTTP/2 on the event loop, extproc/server/h2/) or grpcio (grpc.aio). The same
+    # methods, bounds and answers on both; read at start.
+    front_end: Literal["grpcio", "lean"] = "lean"
 
     @field_validator("grpc_token_file", "admin_token_file")
     @classmethod
@@ -338,8 +332,6 @@ class Policy(Strict):
         names = {p.name for p in self.pools}
         problems = check_splits(self.rollout, {p.name: p for p in self.pools}, self.tiers)
         problems += endpoint_picker_problems(self)
-        if self.service.front_end == "lean" and self.autoscaling.enabled and self.autoscaling.grpc_port is None:
-            problems.append("service.front_end lean serves no external scaler: set autoscaling.grpc_port")
         if problems:
             raise ValueError("; ".join(problems))
         if self.rollout.fallback_route_file is not None and not self.envoy.failure_mode_allow:

@@ -12,9 +12,7 @@ from typing import TYPE_CHECKING
 
 import grpc
 from aiohttp import web
-from envoy.service.accesslog.v3 import als_pb2_grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 from grpc_health.v1._async import HealthServicer
 from prometheus_client import CollectorRegistry
 
@@ -38,6 +36,7 @@ from extproc.server.admin import build_admin_app
 from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.engines import build_adapter_manager, build_sleep_manager
 from extproc.server.fleet import FleetSync
+from extproc.server.front_ends import grpc_options, grpcio_server, lean_server
 from extproc.server.grpc_auth import read_token
 from extproc.server.h2 import LeanServer
 from extproc.server.keys_watch import KeysWatcher, load_keys
@@ -54,7 +53,7 @@ from extproc.server.stores import (
     build_store,
 )
 from extproc.server.tls import CertificateReloader
-from extproc.server.workers import CONNECTION_AGE_GRACE_S, CONNECTION_AGE_S, worker_admin_port
+from extproc.server.workers import worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
 from extproc.telemetry.loop_lag import LoopLag
@@ -72,20 +71,6 @@ log = logging.getLogger(__name__)
 LIVENESS = "liveness"
 READY_SERVICES = ("", "readiness", "inference-extension", "envoy.service.ext_proc.v3.ExternalProcessor")
 
-_GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", 80 * 1024 * 1024),
-    ("grpc.max_send_message_length", 80 * 1024 * 1024),
-    ("grpc.keepalive_time_ms", 30_000),
-    ("grpc.so_reuseport", 1),
-]
-
-
-# Several workers on one port: connections aged out, so Envoy's new ones spread over them (workers.py).
-_WORKER_GRPC_OPTIONS = [
-    ("grpc.max_connection_age_ms", int(CONNECTION_AGE_S * 1000)),
-    ("grpc.max_connection_age_grace_ms", int(CONNECTION_AGE_GRACE_S * 1000)),
-]
-
 
 @dataclass
 class Service:
@@ -96,7 +81,7 @@ class Service:
     endpoints: EndpointRegistry
     metrics: GatewayMetrics
     parts: Parts
-    grpc_server: grpc.aio.Server
+    grpc_server: grpc.aio.Server | None  # service.front_end grpcio's; lean's is built at start
     health: HealthServicer
     admin_runner: web.AppRunner
     scraper: MetricsScraper
@@ -120,6 +105,7 @@ class Service:
     processor: ExternalProcessorService | None = None
     lean: LeanServer | None = None  # service.front_end lean, once started
     loop_lag: LoopLag | None = None  # the event loop's own lag (/debug/loop, extproc_event_loop_lag_seconds)
+    worker: bool = False  # one of `serve --workers N`: connections aged out (workers.py)
     grpc_port: int = 0
     admin_port: int = 0
     draining: bool = False
@@ -132,10 +118,13 @@ class Service:
     async def start(self) -> None:
         service = self.runtimes.current.policy.service
         address = f"{service.grpc_host}:{service.grpc_port}"
-        if service.front_end == "lean":  # ext_proc, access log and health on the event loop; grpc.aio unused
-            self.lean = LeanServer(self.processor, self.access_log, self.health,
-                                   self.runtimes.current.policy.bounds.max_body_bytes + (1 << 20))
+        if self.grpc_server is None:  # lean: every gRPC method on the event loop, no grpc core
+            self.lean = lean_server(self.worker, self.runtimes.current.policy.bounds.max_body_bytes, self.processor,
+                                    self.access_log, self.health, self.scaler,
+                                    self.tls.server_context() if self.tls is not None else None)
             self.grpc_port = await self.lean.start(service.grpc_host, service.grpc_port)
+            if self.tls is not None:
+                await self.tls.start()
         elif self.tls is not None:
             self.grpc_port = self.grpc_server.add_secure_port(address, self.tls.credentials())
             await self.tls.start()
@@ -146,7 +135,7 @@ class Service:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.loop_lag is not None:
             self.loop_lag.start()
-        if self.lean is None:
+        if self.grpc_server is not None:
             await self.grpc_server.start()
         await self.admin_runner.setup()
         site = web.TCPSite(self.admin_runner, service.admin_host, service.admin_port, reuse_port=True)
@@ -203,7 +192,10 @@ class Service:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if drain_delay_s > 0:
             await asyncio.sleep(drain_delay_s)
-        await (self.lean.stop(grace_s) if self.lean is not None else self.grpc_server.stop(grace_s))
+        if self.lean is not None:
+            await self.lean.stop(grace_s)
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(grace_s)
         await self.scraper.stop()
         if self.scaler is not None:
             await self.scaler.stop()
@@ -257,7 +249,6 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                if policy_path is not None else None)
     metrics.config_version.set(runtimes.current.version)
     store, redis = build_store(policy)
-    server = grpc.aio.server(options=_GRPC_OPTIONS + (_WORKER_GRPC_OPTIONS if worker is not None else []))
     grpc_token = read_token(policy.service.grpc_token_file)
     tracer = None
     if policy.tracing.enabled:  # the SDK is imported only then; read at start
@@ -265,22 +256,18 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
 
         tracer = DecisionTracer(policy.tracing)
     processor = ExternalProcessorService(gateway, store, grpc_token, metrics, tracer)
-    ext_grpc.add_ExternalProcessorServicer_to_server(processor, server)
     access_log = AccessLogService(store, metrics, parts.outcomes, rollouts.record,
                                   on_prompt_usage=parts.calibration.observe, token=grpc_token,
                                   decided_here=gateway.request_ids.mine,
                                   on_usage=tracer.usage if tracer is not None else None)
-    als_pb2_grpc.add_AccessLogServiceServicer_to_server(access_log, server)
     health_servicer = HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     scaler = None
     if policy.autoscaling.enabled:
         scaler = ScalerService(runtimes, parts.flow, parts.health)
-        if policy.autoscaling.grpc_port is None:
-            server.add_generic_rpc_handlers((scaler.handler(),))
-        else:
-            scaler.serve_alone(policy.service.grpc_host,
-                               _GRPC_OPTIONS + (_WORKER_GRPC_OPTIONS if worker is not None else []))
+        if policy.autoscaling.grpc_port is not None:
+            scaler.serve_alone(policy.service.grpc_host, grpc_options(worker is not None))
+    server = (grpcio_server(worker is not None, processor, access_log, health_servicer, scaler)
+              if policy.service.front_end == "grpcio" else None)
     scraper = MetricsScraper(endpoints, policy.scheduling.scrape, saturation=lambda: runtimes.current.policy.saturation)
     scraper.on_scrape = parts.flow.kick_all  # fresh metrics may show room for queued requests
     registry.register(FlowCollector(parts.flow))
@@ -292,6 +279,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                       pool_discovery, CertificateReloader(policy.service.tls) if policy.service.tls else None)
     service.tracer = tracer
     service.processor = processor
+    service.worker = worker is not None
     service.scaler = scaler
     service.sleep = build_sleep_manager(runtimes, parts)
     service.adapters = build_adapter_manager(runtimes, parts)

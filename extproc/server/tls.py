@@ -3,7 +3,11 @@ Secret rotating). gRPC asks for the current pair on every handshake (`dynamic_ss
 is prepared off that path by a background check of the files, so a handshake does no file I/O. A pair that does
 not load (half-written, or a key that does not match the certificate) is refused and the previous one stays.
 With a client CA (`autoscaling.tls`, the KEDA scaler's own port) every client must present a certificate it
-signed; the CA file is reloaded with the pair."""
+signed; the CA file is reloaded with the pair.
+
+The lean front end (`service.front_end: lean`) terminates TLS in asyncio: `server_context()` is the listener's
+context, and each handshake switches to the current pair's context in the SNI callback (OpenSSL calls it for every
+ClientHello, with or without a server name), so a reload reaches new connections there too. ALPN offers h2."""
 
 from __future__ import annotations
 
@@ -32,7 +36,8 @@ class CertificateReloader:
         self._paths = (Path(config.cert_file), Path(config.key_file))
         self._client_ca = Path(config.client_ca_file) if isinstance(config, ScalerTls) else None
         self._stamp = self._stat()
-        self.current = self._load()  # an unreadable pair at start is an error: the service does not start
+        # An unreadable pair at start is an error: the service does not start.
+        self.current, self.context = self._load()
         self._pending: grpc.ServerCertificateConfiguration | None = None
         self._loop = Periodic("tls-reload", self._round, config.reload_interval_s, log=log,
                               what=f"TLS certificate {config.cert_file} / key {config.key_file}",
@@ -50,15 +55,31 @@ class CertificateReloader:
             stamps.append((info.st_ino, info.st_size, info.st_mtime_ns))
         return tuple(stamps)
 
-    def _load(self) -> grpc.ServerCertificateConfiguration:
+    def _load(self) -> tuple[grpc.ServerCertificateConfiguration, ssl.SSLContext]:
         cert, key = (path.read_bytes() for path in self._paths)
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)  # TLS 1.2 at least, as HTTP/2 requires
         context.load_cert_chain(*self._paths)  # the key fits the cert
+        context.set_alpn_protocols(["h2"])
         if self._client_ca is None:
-            return grpc.ssl_server_certificate_configuration([(key, cert)])
+            return grpc.ssl_server_certificate_configuration([(key, cert)]), context
         client_ca = self._client_ca.read_bytes()
         context.load_verify_locations(cadata=client_ca.decode("ascii", "replace"))  # a CA certificate at all
-        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=client_ca)
+        context.verify_mode = ssl.CERT_REQUIRED
+        return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=client_ca), context
+
+    def server_context(self) -> ssl.SSLContext:
+        """The lean front end's listening context: every handshake continues with the current pair's."""
+        listener = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        listener.load_cert_chain(*self._paths)
+        listener.set_alpn_protocols(["h2"])
+        if self._client_ca is not None:
+            listener.load_verify_locations(cafile=str(self._client_ca))
+            listener.verify_mode = ssl.CERT_REQUIRED
+        listener.sni_callback = self._switch
+        return listener
+
+    def _switch(self, connection: ssl.SSLObject, _name: str | None, _listener: ssl.SSLContext) -> None:
+        connection.context = self.context
 
     def credentials(self) -> grpc.ServerCredentials:
         # The fetcher may answer None (keep the current pair), which grpc-stubs' signature leaves out.
@@ -76,9 +97,10 @@ class CertificateReloader:
         stamp = self._stat()
         if stamp == self._stamp:
             return False
-        loaded = self._load()
+        loaded, context = self._load()
         self._stamp = stamp
         self.current = self._pending = loaded
+        self.context = context
         self.reloads_total += 1
         log.info("TLS certificate reloaded from %s", self._paths[0])
         return True

@@ -1,5 +1,5 @@
-"""A lean gRPC front end for the ext_proc and access-log streams: HTTP/2 on asyncio's Protocol callbacks, one
-thread, no grpc core (`service.front_end: lean`; README "Front ends")."""
+"""The lean gRPC front end (the default) for every method of the service's gRPC port: HTTP/2 on asyncio's
+Protocol callbacks, one thread, no grpc core (`service.front_end: lean`; README "Front ends")."""
 
 from extproc.server.h2.server import LeanServer
 

@@ -13,19 +13,18 @@ windows.
 from __future__ import annotations
 
 import asyncio
-import logging
 import struct
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
-from hpack import Decoder, HPACKError
+from hpack import HPACKError
 
 from extproc.server.h2 import frames as f
+from extproc.server.h2.blocks import BlockDecoder
 from extproc.server.h2.calls import EOF, Call, Handler
+from extproc.server.h2.lifetime import Lifecycle, Lifetime
 from extproc.server.h2.output import Output
-
-log = logging.getLogger(__name__)
 
 MAX_STREAMS = 1024
 MAX_HEADER_BLOCK = 65_536
@@ -35,20 +34,23 @@ _U32 = struct.Struct(">I")
 Method = tuple[Callable[[bytes], Any], Handler]
 
 
-class GrpcConnection(Output, asyncio.Protocol):
+class GrpcConnection(Output, Lifecycle, asyncio.Protocol):
     def __init__(self, methods: Mapping[bytes, Method], max_message: int,
-                 on_close: Callable[[GrpcConnection], None] | None = None) -> None:
+                 on_close: Callable[[GrpcConnection], None] | None = None, lifetime: Lifetime | None = None) -> None:
         self.methods = methods
+        self.lifetime = lifetime if lifetime is not None else Lifetime()
+        self.timers: dict[str, asyncio.TimerHandle] = {}
+        self.control_frames = 0  # PINGs and SETTINGS owed an answer since the last stream activity
         self.max_message = max_message
         # What we grant, per stream and for the connection: two of the largest messages (RFC 9113 caps it).
         self.window = min(f.MAX_WINDOW, max_message + 5 + 65_536)  # per stream: one message, and the next frames
         self.connection_window = 64 << 20
         self.on_close = on_close
+        self.on_open: Callable[[GrpcConnection], None] | None = None
         self.buffer = bytearray()
         self.preface = False
         self.transport: asyncio.Transport | None = None
-        self.decoder = Decoder()
-        self.decoder.max_header_list_size = MAX_HEADER_BLOCK
+        self.decoder = BlockDecoder(MAX_HEADER_BLOCK)
         self.calls: dict[int, Call] = {}
         self.data: dict[int, bytearray] = {}  # per stream: bytes of an incomplete gRPC message
         self.block: tuple[int, int, bytearray] | None = None  # stream, flags, fragments of an unfinished block
@@ -68,26 +70,16 @@ class GrpcConnection(Output, asyncio.Protocol):
         self.emit(f.settings({f.MAX_CONCURRENT_STREAMS: MAX_STREAMS, f.INITIAL_WINDOW_SIZE: self.window,
                               f.MAX_HEADER_LIST_SIZE: MAX_HEADER_BLOCK, f.ENABLE_PUSH: 0}))
         self.emit(f.window_update(0, self.connection_window - f.DEFAULT_WINDOW))
+        self.begin()
+        if self.on_open is not None:
+            self.on_open(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.end()
         for call in list(self.calls.values()):
             self.drop(call)
         if self.on_close is not None:
             self.on_close(self)
-
-    def fail(self, code: int, why: str) -> None:
-        """A connection error: GOAWAY, then close (its calls are cancelled as the connection goes)."""
-        log.warning("closing an HTTP/2 connection of the lean front end: %s", why)
-        self.emit(f.goaway(self.last_stream, code))
-        self.flush()
-        if self.transport is not None:
-            self.transport.close()
-
-    def goaway(self) -> None:
-        """Drain: no new streams; those open finish."""
-        if not self.closing:
-            self.closing = True
-            self.emit(f.goaway(self.last_stream, f.NO_ERROR))
 
     # -- frames in --------------------------------------------------------------------------------------------
     def data_received(self, data: bytes) -> None:
@@ -103,6 +95,7 @@ class GrpcConnection(Output, asyncio.Protocol):
                 return
             del buffer[:len(f.PREFACE)]
             self.preface = True
+            self.preface_received()
         at, size = 0, len(buffer)
         while size - at >= f.FRAME_HEADER and self.transport is not None and not self.transport.is_closing():
             word, flags, stream = _HEAD.unpack_from(buffer, at)
@@ -121,8 +114,10 @@ class GrpcConnection(Output, asyncio.Protocol):
         if self.block is not None and kind != f.CONTINUATION:
             self.fail(f.PROTOCOL_ERROR, "a header block interrupted")
         elif kind == f.DATA:
+            self.control_frames = 0
             self.on_data(flags, stream, payload)
         elif kind == f.HEADERS:
+            self.control_frames = 0
             self.on_headers(flags, stream, payload)
         elif kind == f.CONTINUATION:
             if self.block is None or self.block[0] != stream:
@@ -136,11 +131,14 @@ class GrpcConnection(Output, asyncio.Protocol):
             elif len(self.block[2]) > MAX_HEADER_BLOCK:
                 self.fail(f.ENHANCE_YOUR_CALM, "a header block over 64 KiB")
         elif kind == f.SETTINGS:
-            self.on_settings(flags, stream, payload)
+            if flags & f.ACK or self.counted_control_frame():
+                self.on_settings(flags, stream, payload)
         elif kind == f.PING:
             if len(payload) != 8 or stream:
                 self.fail(f.FRAME_SIZE_ERROR, "a malformed PING")
-            elif not flags & f.ACK:
+            elif flags & f.ACK:
+                self.on_ping_ack(payload)
+            elif self.counted_control_frame():
                 self.emit(f.frame(f.PING, f.ACK, 0, payload))
         elif kind == f.WINDOW_UPDATE:
             self.on_window_update(stream, payload)
@@ -175,7 +173,7 @@ class GrpcConnection(Output, asyncio.Protocol):
 
     def on_block(self, stream: int, flags: int, block: bytes) -> None:
         try:  # every block is decoded: the decoder's table must follow the peer's
-            headers = self.decoder.decode(block, raw=True)
+            headers = self.decoder.decode(block)
         except HPACKError as error:
             self.fail(f.COMPRESSION_ERROR, f"HPACK: {error}")
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from typing import TYPE_CHECKING
 
 import grpc
 
@@ -30,9 +31,8 @@ class Output:
     peer_frame: int
     transport: asyncio.Transport | None
 
-    def fail(self, code: int, why: str) -> None:
-        raise NotImplementedError  # GrpcConnection's
-
+    if TYPE_CHECKING:  # Lifecycle's (lifetime.py)
+        def fail(self, code: int, why: str) -> None: ...
 
     def on_settings(self, flags: int, stream: int, payload: bytes) -> None:
         if stream or len(payload) % 6:

@@ -1,11 +1,13 @@
 """The service as an endpoint picker runs it: TLS on the gRPC port (reloaded when the files change), the gRPC
-health services the Inference Extension probes, readiness held until the InferencePool's pods are listed."""
+health services the Inference Extension probes, readiness held until the InferencePool's pods are listed; on both
+front ends (service.front_end lean and grpcio)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import ssl
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -42,10 +44,16 @@ def write_pair(ca: trustme.CA, directory: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def policy(tmp_path: Path, **extra: Any) -> Policy:
+@pytest.fixture(params=["lean", "grpcio"])
+def front_end(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def policy(tmp_path: Path, front_end: str, **extra: Any) -> Policy:
     grpc_port, admin_port = free_ports(2)
     return Policy.model_validate({
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port, **extra.pop("service", {})},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "front_end": front_end,
+                    **extra.pop("service", {})},
         "pools": [{"name": "chat", "model": "org/chat", "endpoints": ["127.0.0.1:1"]}], **extra})
 
 
@@ -63,11 +71,24 @@ async def status(channel: grpc.aio.Channel, name: str) -> int:
     return int(response.status)
 
 
-async def test_tls_on_the_grpc_port_is_reloaded_when_the_files_change(tmp_path: Path,
-                                                                      started: list[Service]) -> None:
+async def no_sni_handshake(port: int, ca: trustme.CA) -> bool:
+    """A TLS client that sends no server name (as Envoy without `sni`) and trusts only `ca`: True if it connects."""
+    client = ssl.create_default_context()
+    client.check_hostname = False
+    ca.configure_trust(client)
+    try:
+        _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client, server_hostname="")
+    except ssl.SSLError:
+        return False
+    writer.close()
+    return True
+
+
+async def test_tls_on_the_grpc_port_is_reloaded_when_the_files_change(tmp_path: Path, started: list[Service],
+                                                                      front_end: str) -> None:
     first, second = trustme.CA(), trustme.CA()
     cert, key = write_pair(first, tmp_path)
-    service = build_service(policy(tmp_path, service={
+    service = build_service(policy(tmp_path, front_end, service={
         "tls": {"cert_file": str(cert), "key_file": str(key), "reload_interval_s": 0.5}}))
     await service.start()
     started.append(service)
@@ -89,6 +110,7 @@ async def test_tls_on_the_grpc_port_is_reloaded_when_the_files_change(tmp_path: 
     async with trusting(first) as channel:
         with pytest.raises(grpc.aio.AioRpcError):
             await status(channel, "liveness")
+    assert await no_sni_handshake(service.grpc_port, second) and not await no_sni_handshake(service.grpc_port, first)
     # A key that does not fit the certificate is refused; the current pair stays.
     key.write_bytes(first.issue_cert("127.0.0.1").private_key_pem.bytes())
     await until(lambda: service.tls is not None and service.tls.failures_total >= 1, "the refused pair")
@@ -96,8 +118,9 @@ async def test_tls_on_the_grpc_port_is_reloaded_when_the_files_change(tmp_path: 
         assert await status(channel, "liveness") == SERVING
 
 
-async def test_health_services_of_the_protocol_and_draining(tmp_path: Path, started: list[Service]) -> None:
-    service = build_service(policy(tmp_path))
+async def test_health_services_of_the_protocol_and_draining(tmp_path: Path, started: list[Service],
+                                                           front_end: str) -> None:
+    service = build_service(policy(tmp_path, front_end))
     await service.start()
     started.append(service)
     async with grpc.aio.insecure_channel(f"127.0.0.1:{service.grpc_port}") as channel:
@@ -121,14 +144,15 @@ async def test_health_services_of_the_protocol_and_draining(tmp_path: Path, star
             await drain
 
 
-async def test_readiness_waits_for_the_inference_pool_and_its_pods(tmp_path: Path, started: list[Service]) -> None:
+async def test_readiness_waits_for_the_inference_pool_and_its_pods(tmp_path: Path, started: list[Service],
+                                                                   front_end: str) -> None:
     kube = KubeApiServer()
     await kube.start()
     try:
         kube.put("inferencepools", inference_pool("llama", {"app": "vllm"}, [8000]))
         kube.put("pods", pod("a", "10.2.0.1", {"app": "vllm"}))
         kube.failures["pods"] = [503] * 1000
-        base = policy(tmp_path)
+        base = policy(tmp_path, front_end)
         source = {"name": "llama", "namespace": "llm", "api_server": kube.url, "backoff_initial_s": 0.05,
                   "backoff_max_s": 0.2}
         picker = endpoint_picker_policy(base, "llm/llama")

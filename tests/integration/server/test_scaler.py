@@ -58,15 +58,17 @@ class Keda:
         return bool((await self.stub.IsActive(self.ref(pool))).result)
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module")
-async def stack(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup, list[str]]]:
-    workdir: Path = tmp_path_factory.mktemp("scaler")
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["lean", "grpcio"])
+async def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                ) -> AsyncIterator[tuple[Stack, ProcessGroup, list[str]]]:
+    """The scaler on the service's shared gRPC port, served by each front end."""
+    workdir: Path = tmp_path_factory.mktemp(f"scaler-{request.param}")
     profile = workdir / "steady.yaml"
     profile.write_text(json.dumps({"base": "fast", "name": "steady", "step_base_s": 0.01, "max_tokens_cap": 2048,
                                    "min_output_fraction": 1.0}))
     sim_args = ["--profile", str(profile)]
     async with ProcessGroup(workdir / "logs") as group:
-        stack = prepare(workdir, [WARM, COLD, NEVER], extra_policy=POLICY)
+        stack = prepare(workdir, [WARM, COLD, NEVER], extra_policy={**POLICY, "service": {"front_end": request.param}})
         await start_sim(group, workdir, [WARM], stack.sim_ports, sim_args)  # cold and never: no replica yet
         await start_service(group, stack)
         await start_envoy(group, stack)

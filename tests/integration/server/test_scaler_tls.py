@@ -55,12 +55,13 @@ class Pki:
                                             b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
 
 
-@pytest_asyncio.fixture
-async def served(tmp_path: Path) -> AsyncIterator[tuple[Service, Pki]]:
+@pytest_asyncio.fixture(params=["lean", "grpcio"])
+async def served(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[Service, Pki]]:
+    """The scaler on its own port (grpc.aio, mTLS) beside either front end on the service's port."""
     pki = Pki(tmp_path)
     grpc_port, admin_port, scaler_port = free_ports(3)
     policy = Policy.model_validate({
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "front_end": request.param},
         "pools": [{"name": "chat", "model": "org/chat", "endpoints": ["127.0.0.1:1"]}],
         "autoscaling": {"enabled": True, "grpc_port": scaler_port, "sample_interval_s": 0.1, "tls": {
             "cert_file": str(pki.cert), "key_file": str(pki.key), "client_ca_file": str(pki.ca_file),

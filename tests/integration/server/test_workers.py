@@ -1,5 +1,6 @@
 """`extproc serve --workers 2` behind real Envoy, with Redis limits: every worker serves, a killed worker is
-restarted and serves again, and a tenant's limit holds exactly across the workers."""
+restarted and serves again, and a tenant's limit holds exactly across the workers; on both front ends (the lean
+one ages its connections out as grpc's max_connection_age does, extproc/server/h2/lifetime.py)."""
 
 from __future__ import annotations
 
@@ -23,8 +24,9 @@ BURST = 20  # each model's bucket: requests_per_s far too slow to refill during 
 CONCURRENT = 64  # streams at once: at 4 per HTTP/2 connection, Envoy opens ~16 connections
 
 
-def policy(redis: RedisServer) -> dict[str, Any]:
+def policy(redis: RedisServer, front_end: str) -> dict[str, Any]:
     return {
+        "service": {"front_end": front_end},
         "limits": {"store": "redis", "redis_url": f"{redis.url}/0", "slices": False},
         "tiers": {"default": {"model_limits": {"requests_per_s": 0.0001, "burst": BURST}}},
     }
@@ -71,14 +73,17 @@ async def spread(http: aiohttp.ClientSession, stack: Stack, worker: str, since: 
     await eventually(served, f"worker {worker} serving Envoy's streams", timeout_s=45, interval_s=0.2)
 
 
-async def test_workers_share_the_port_restart_and_keep_limits_exact(tmp_path: Path, redis_server: RedisServer) -> None:
-    pools = [SimPool("a", "model-a", 1), SimPool("b", "model-b", 1)]
+@pytest.mark.parametrize("front_end", ["lean", "grpcio"])
+async def test_workers_share_the_port_restart_and_keep_limits_exact(tmp_path: Path, redis_server: RedisServer,
+                                                                    front_end: str) -> None:
+    # Models named per front end: the session's Redis keeps the other run's buckets (keyed by model).
+    pools = [SimPool("a", f"model-a-{front_end}", 1), SimPool("b", f"model-b-{front_end}", 1)]
     async with ProcessGroup(tmp_path / "logs") as group, aiohttp.ClientSession() as http:
-        stack = await launch(group, tmp_path, pools, extra_policy=policy(redis_server), sim_args=["--profile", "fast"],
-                             service_workers=2)
+        stack = await launch(group, tmp_path, pools, extra_policy=policy(redis_server, front_end),
+                             sim_args=["--profile", "fast"], service_workers=2)
         await spread(http, stack, "0", {})
         await spread(http, stack, "1", {})  # both workers hold Envoy connections now
-        statuses = await burst(http, stack, "model-a")
+        statuses = await burst(http, stack, f"model-a-{front_end}")
         assert statuses.count(200) == BURST and statuses.count(429) == CONCURRENT - BURST, statuses
 
         health = await (await http.get(f"{stack.admin_url}/healthz")).json()
@@ -94,5 +99,5 @@ async def test_workers_share_the_port_restart_and_keep_limits_exact(tmp_path: Pa
         await eventually(restarted, "worker 0 restarted, ready and exporting metrics", timeout_s=30,
                          interval_s=0.1)  # three admin requests per check
         await spread(http, stack, "0", {})  # the new worker 0 counts from zero
-        statuses = await burst(http, stack, "model-b")
+        statuses = await burst(http, stack, f"model-b-{front_end}")
         assert statuses.count(200) == BURST and statuses.count(429) == CONCURRENT - BURST, statuses

@@ -41,14 +41,14 @@ async def until(check: Callable[[], object], what: str) -> None:
     await eventually(check, what, timeout_s=15.0)  # a bound for a loaded machine
 
 
-def stack_for(tmp_path: Path, shape: Shape) -> tuple[Stack, dict[str, Any]]:
+def stack_for(tmp_path: Path, shape: Shape, front_end: str) -> tuple[Stack, dict[str, Any]]:
     """Ports, policy and the shape's Envoy bootstrap; auth by trusted headers so each request names its tier."""
     grpc_port, admin_port, listen_port, envoy_admin, *sim = free_ports(4 + POOL.replicas)
     workdir = tmp_path
     document: dict[str, Any] = {
         "mode": "endpoint-picker",
         "endpoint_picker": {"single_endpoint": shape == "ai-gateway"},
-        "service": {"grpc_port": grpc_port, "admin_port": admin_port},
+        "service": {"grpc_port": grpc_port, "admin_port": admin_port, "front_end": front_end},
         "envoy": {"listen_port": listen_port, "admin_port": envoy_admin, "request_body_mode": "full-duplex"},
         "auth": {"mode": "trusted-header"},
         "tiers": {"default": {}, "limited": {"limits": {"requests_per_s": 0.01, "burst": 1}},
@@ -171,8 +171,9 @@ async def no_ready_endpoint_answers_503(client: Client) -> None:
     assert status == 503 and payload["error"]["code"] == "no_capacity"
 
 
-async def run_shape(tmp_path: Path, shape: Shape, extra: Callable[[Client], Awaitable[None]] | None = None) -> None:
-    stack, _ = stack_for(tmp_path, shape)
+async def run_shape(tmp_path: Path, shape: Shape, front_end: str,
+                    extra: Callable[[Client], Awaitable[None]] | None = None) -> None:
+    stack, _ = stack_for(tmp_path, shape, front_end)
     async with ProcessGroup(tmp_path / "logs") as group:
         stack.children["sim"] = await start_sim(group, tmp_path, [POOL], stack.sim_ports)
         stack.children["service"] = await start_service(group, stack)
@@ -203,9 +204,14 @@ async def subset_hint_conformance(client: Client) -> None:
     assert status == 503 and payload["error"]["code"] == "no_capacity"
 
 
-async def test_istio_inference_pool_shape(tmp_path: Path) -> None:
-    await run_shape(tmp_path, "istio", subset_hint_conformance)
+FRONT_ENDS = pytest.mark.parametrize("front_end", ["lean", "grpcio"])
 
 
-async def test_envoy_ai_gateway_shape_with_tls_to_the_picker(tmp_path: Path) -> None:
-    await run_shape(tmp_path, "ai-gateway")
+@FRONT_ENDS
+async def test_istio_inference_pool_shape(tmp_path: Path, front_end: str) -> None:
+    await run_shape(tmp_path, "istio", front_end, subset_hint_conformance)
+
+
+@FRONT_ENDS
+async def test_envoy_ai_gateway_shape_with_tls_to_the_picker(tmp_path: Path, front_end: str) -> None:
+    await run_shape(tmp_path, "ai-gateway", front_end)

@@ -16,6 +16,7 @@ from hpack import Decoder, Encoder
 from extproc.server.h2 import frames as f
 from extproc.server.h2.calls import Call
 from extproc.server.h2.connection import MAX_HEADER_BLOCK, MAX_STREAMS, GrpcConnection
+from extproc.server.h2.lifetime import Lifetime
 
 Bytes = wrappers_pb2.BytesValue
 
@@ -38,14 +39,16 @@ class Transport:
 class Peer:
     """Envoy's side: builds frames with its own HPACK state, reads ours back."""
 
-    def __init__(self, methods: dict[bytes, Any], max_message: int = 1 << 20) -> None:
-        self.connection = GrpcConnection(methods, max_message)
+    def __init__(self, methods: dict[bytes, Any], max_message: int = 1 << 20, lifetime: Lifetime | None = None,
+                 preface: bool = True) -> None:
+        self.connection = GrpcConnection(methods, max_message, lifetime=lifetime)
         self.transport = Transport()
         self.connection.connection_made(self.transport)  # type: ignore[arg-type]
         self.encoder = Encoder()
         self.decoder = Decoder()
         self.read_at = 0
-        self.connection.data_received(f.PREFACE + f.settings({}))
+        if preface:
+            self.connection.data_received(f.PREFACE + f.settings({}))
 
     def send(self, data: bytes) -> None:
         self.connection.data_received(data)
