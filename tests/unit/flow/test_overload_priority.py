@@ -35,14 +35,17 @@ ENGINES = 4
 WARMUP_S, DRAIN_S, MEASURE_S = 8.0, 12.0, 15.0
 
 
-def _point(load: float, flow: bool, seed: int = 1) -> tuple[dict[str, list[float]], int]:
-    """TTFT (s) per class of the requests offered in the measured window, and the requests refused there."""
+def _point(load: float, flow: bool, seed: int = 1, replicas: int = 1,
+           share: bool = False) -> tuple[dict[str, list[float]], int]:
+    """TTFT (s) per class of the requests offered in the measured window, and the requests refused there; with
+    several service `replicas` (scrapes shared among them with `share`), requests go to them in turn."""
     profile = BUILTIN_PROFILES["h100-8b"]
     capacity = ENGINES * profile.capacity_rps(PROMPT, 96)
     config = FlowControlConfig()
     fleet = FlowFleet(profile, ENGINES, config, SaturationConfig(), None,
-                      {name: spec.reserve for name, spec in config.classes.items()})
+                      {name: spec.reserve for name, spec in config.classes.items()}, replicas=replicas, share=share)
     rng = random.Random(seed)
+    turn = iter(range(1_000_000))
     measured: list[tuple[GenRequest, str, float]] = []
     refused_before: list[int] = []
     at = 0.0
@@ -55,7 +58,8 @@ def _point(load: float, flow: bool, seed: int = 1) -> tuple[dict[str, list[float
             request = GenRequest(f"r{index}", list(range(base, base + PROMPT)), list(range(rng.randint(64, 128))))
             if keep:
                 measured.append((request, klass, at))
-            fleet.time.call_at(at, lambda r=request, k=klass: fleet.offer(r, k) if flow else fleet._route(r))
+            fleet.time.call_at(at, lambda r=request, k=klass: fleet.offer(r, k) if flow
+                               else fleet._route(r, next(turn) % replicas))
         at = end + DRAIN_S if not keep else end
         if not keep:
             fleet.time.call_at(at, lambda: refused_before.append(len(fleet.outcome.refused)))
