@@ -93,6 +93,7 @@ class Schedule:
             now=self._clock(),
             load=pool.load,
             sequence=sequence,
+            pool=pool.endpoints,
         )
 
     def __call__(self, caller: Caller, resolved: Resolved, admitted: Admitted | None,

@@ -37,6 +37,11 @@ class SchedulingRequest:
     # Per-process request counter: pickers break ties with it, so a decision is a pure function of
     # (request, endpoint state) and /debug/explain can reproduce the next one exactly.
     sequence: int = 0
+    # The pool's whole endpoint set (before health, filters, the gateway's subset hint and sampling), the same
+    # object until the pool's endpoints change: plugins that divide the pool between service replicas deal over
+    # it, so a share does not depend on which candidates a request has. Empty when the caller names no pool
+    # (then the candidates stand for it).
+    pool: tuple[Endpoint, ...] = ()
 
 
 @runtime_checkable

@@ -23,7 +23,9 @@ Placement, in order:
    replicas: system prompts asked one after the other shared engines, and their requests arrived back to
    back). With `owned_first` each replica is dealt an even share of the endpoints (`replica_slot`, from the
    in-flight exchange) and places a new prefix on one of its own when that one is within what it may not see
-   of the best: one request of the least load and one full prefill of this prompt of the least backlog.
+   of the best: one request of the least load and one full prefill of this prompt of the least backlog. The
+   deal is over the pool's whole endpoint set (`SchedulingRequest.pool`), not the request's candidates, which
+   differ per request (filters, a sample of a large pool): an endpoint has one owner per (pool, live replicas).
 An endpoint is hot when its load (the pool's load model: scraped running + waiting plus what was sent since)
 exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gains homes as its traffic needs
 them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
@@ -67,8 +69,18 @@ _BACKLOG_BUCKET = 512.0
 _OUTBOX_LIMIT = 10_000
 NOMINEES = 4  # ranked endpoints a request's anchor nominates when a large pool is scheduled over a sample
 RANKS_KEPT = 4096  # anchors whose ranking is remembered per endpoint set (LRU)
-POOLS_KEPT = 16  # endpoint sets (pools, versions) with remembered rankings
+POOLS_KEPT = 16  # endpoint sets (pools, versions) with remembered rankings and deals
 DEMAND_KEPT = 4096  # prefixes whose recent requests are counted for the split (LRU)
+
+
+@dataclass(frozen=True, slots=True)
+class _PoolView:
+    """What the scorer remembers of one endpoint set (a pool's, or a gateway's subset of it) while it lasts."""
+
+    endpoints: Sequence[Endpoint]  # held, so that its id is not reused while remembered
+    by_address: dict[str, Endpoint]
+    position: dict[str, int]  # address -> place in address order: the deal between replicas
+    ranked: OrderedDict[int, list[Endpoint]]  # anchor -> its top NOMINEES of the set (LRU)
 
 
 @dataclass(frozen=True)
@@ -124,9 +136,7 @@ class PrefixAffinityScorer:
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
         self._hot_since: dict[str, tuple[float, float]] = {}  # address -> (hot since, last seen hot)
-        # id(endpoint set) -> (that set, its endpoints by address, anchor -> top NOMINEES of the set)
-        self._ranks: OrderedDict[int, tuple[Sequence[Endpoint], dict[str, Endpoint],
-                                            OrderedDict[int, list[Endpoint]]]] = OrderedDict()
+        self._views: OrderedDict[int, _PoolView] = OrderedDict()  # id(endpoint set) -> its view (LRU)
 
     def choices(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
         """Endpoint indexes, best first: the home, then the spill, then the rest."""
@@ -163,18 +173,36 @@ class PrefixAffinityScorer:
 
     def _foreign(self, request: SchedulingRequest, addresses: list[str], loads: list[float],
                  tokens: list[float]) -> list[bool]:
-        """Per endpoint, False when a new prefix should go there first: dealt to this replica (the endpoints in
-        address order, one each to the live replicas in turn) and within what another replica's last sends can
-        hide of the best, one request of the least load and one full prefill of this prompt of the least
-        backlog. All False alone or with `owned_first` off."""
+        """Per endpoint, False when a new prefix should go there first: dealt to this replica (the pool's
+        endpoints in address order, one each to the live replicas in turn; the candidates when the request names
+        no pool) and within what another replica's last sends can hide of the best, one request of the least
+        load and one full prefill of this prompt of the least backlog. All False alone or with `owned_first`
+        off."""
         index, replicas = self._slot
         if replicas <= 1 or not self.params.owned_first:
             return [False] * len(addresses)
         least_load = min(loads) + 1.0
         least_backlog = min(tokens) + request.prompt_tokens
-        dealt = {a: n % replicas == index for n, a in enumerate(sorted(addresses))}
-        return [not (dealt[a] and load <= least_load and backlog <= least_backlog)
-                for a, load, backlog in zip(addresses, loads, tokens, strict=True)]
+        if request.pool:
+            position = self._view(request.pool).position
+        else:
+            position = {a: n for n, a in enumerate(sorted(addresses))}
+        dealt = [(n := position.get(a)) is not None and n % replicas == index for a in addresses]
+        return [not (own and load <= least_load and backlog <= least_backlog)
+                for own, load, backlog in zip(dealt, loads, tokens, strict=True)]
+
+    def _view(self, endpoints: Sequence[Endpoint]) -> _PoolView:
+        """The remembered view of this endpoint set (built on its first use: once per pool version)."""
+        view = self._views.get(id(endpoints))
+        if view is None or view.endpoints is not endpoints:
+            ordered = sorted({e.address for e in endpoints})
+            view = _PoolView(endpoints, {e.address: e for e in endpoints}, {a: n for n, a in enumerate(ordered)},
+                             OrderedDict())
+            self._views[id(endpoints)] = view
+            while len(self._views) > POOLS_KEPT:
+                self._views.popitem(last=False)
+        self._views.move_to_end(id(endpoints))
+        return view
 
     def _split(self, prefix: int | None, now: float, depth: list[int], near: int) -> bool:
         """Count the request (of its deepest known `prefix`); whether that prefix wants more than its homes (the
@@ -225,14 +253,8 @@ class PrefixAffinityScorer:
         blocks = request.prefix_blocks
         if not blocks or len(blocks) < self.params.min_blocks:
             return []
-        known = self._ranks.get(id(endpoints))
-        if known is None or known[0] is not endpoints:
-            known = (endpoints, {e.address: e for e in endpoints}, OrderedDict())
-            self._ranks[id(endpoints)] = known
-            while len(self._ranks) > POOLS_KEPT:
-                self._ranks.popitem(last=False)
-        self._ranks.move_to_end(id(endpoints))
-        _, by_address, ranked = known
+        view = self._view(endpoints)
+        by_address, ranked = view.by_address, view.ranked
         anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
         top = ranked.get(anchor)
         if top is None:

@@ -289,3 +289,24 @@ def test_a_large_pool_is_sampled_but_the_one_endpoint_with_room_is_found() -> No
             assert decision.endpoints[0] == "10.0.2.38:8000", flow
             gateway.finish(exchange)
         assert gateway.in_flight() == 0
+
+
+def test_a_large_pools_share_between_replicas_is_dealt_over_the_pool_not_the_sample() -> None:
+    # 32 engines scheduled over samples of 16 (a new sample per request): this replica, 0 of 3 sharing
+    # placements, places new prefixes on its own third of the pool, whichever of its engines the sample holds.
+    addresses = [f"10.0.2.{i + 1}:8000" for i in range(32)]
+    gateway = Harness("scheduling: {max_candidates: 16}\n"
+                      f"pools: [{{name: big, model: m, endpoints: {json.dumps(addresses)}}}]\n")
+    saturation = gateway.runtimes.current.policy.saturation
+    for endpoint in gateway.pool("big").endpoints:
+        endpoint.scraped(EndpointMetrics(scraped_at=0.0, running=0), 0, saturation)
+    for plugin in gateway.runtimes.current.scheduler.shared().values():
+        plugin.replica_slot(0, 3)
+    own = set(sorted(addresses)[::3])
+    for system in range(6):
+        exchange, _ = gateway.headers(head())
+        messages = [{"role": "system", "content": f"system prompt {system} " * 60}, {"role": "user", "content": "hi"}]
+        decision = gateway.body(exchange, json.dumps({"model": "m", "messages": messages}).encode())
+        assert isinstance(decision, Route)
+        assert decision.endpoints[0] in own, system
+        gateway.finish(exchange)

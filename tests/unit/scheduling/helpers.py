@@ -23,8 +23,9 @@ def fleet(count: int = 8) -> list[Endpoint]:
 
 
 def request(prompt: str = "", *, lora: str | None = None, session: str | None = None,
-            replicas: int = 1, sequence: int = 0, seats: int | None = None, now: float = NOW) -> SchedulingRequest:
+            replicas: int = 1, sequence: int = 0, seats: int | None = None, now: float = NOW,
+            pool: tuple[Endpoint, ...] = ()) -> SchedulingRequest:
     load = LoadModel(SaturationConfig(), stale_after_s=1.0, seats=seats, replicas=replicas)
     return SchedulingRequest(model="m", prompt_tokens=len(prompt) // 4, max_output_tokens=64,
                              prefix_blocks=prefix_blocks(prompt), lora=lora, session=session, now=now,
-                             load=load, sequence=sequence)
+                             load=load, sequence=sequence, pool=pool)

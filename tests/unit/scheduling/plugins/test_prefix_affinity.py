@@ -307,3 +307,30 @@ def test_alone_or_with_owned_first_off_the_share_changes_nothing() -> None:
     for system in SYSTEMS[:24]:
         expected = reference.score(request(system), endpoints)
         assert all(s.score(request(system), endpoints) == expected for s in (alone, off, invalid))
+
+
+def test_the_share_is_dealt_over_the_whole_pool_not_over_a_requests_candidates() -> None:
+    # A 32-endpoint pool scheduled over 16 candidates (a sample of a large pool, or what filters left): two
+    # requests whose candidates differ by one endpoint. Dealt over the candidates, every endpoint would change
+    # owner between them; dealt over the pool, each replica places new prefixes on its own share in both.
+    pool = tuple(fleet(32))
+    ordered = sorted(pool, key=lambda e: e.address)
+    for index in range(2):
+        own = {pool[i].address for i in dealt(index, 2, list(pool))}
+        scorer = PrefixAffinityScorer(str(index), Params())
+        scorer.replica_slot(index, 2)
+        for candidates in (ordered[:16], ordered[1:17]):
+            for system in SYSTEMS[:8]:
+                scores = scorer.score(request(system, pool=pool), candidates)
+                assert candidates[scores.index(1.0)].address in own
+    # A new endpoint set (the pool changed) is dealt anew: a first address in order moves every endpoint to the
+    # other share. The scorer remembers both sets; each request is placed by its own pool's deal.
+    grown = (endpoint("10.0.0.0:8000"), *pool)
+    shares = {whole: {whole[i].address for i in dealt(0, 2, list(whole))} for whole in (pool, grown)}
+    assert shares[grown].isdisjoint(shares[pool])
+    scorer = PrefixAffinityScorer("g", Params())
+    scorer.replica_slot(0, 2)
+    for system in SYSTEMS[:8]:
+        for whole in (pool, grown):
+            scores = scorer.score(request(system, pool=whole), ordered[:16])
+            assert ordered[scores.index(1.0)].address in shares[whole]
