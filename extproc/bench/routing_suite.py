@@ -77,6 +77,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scheduling", default=None, metavar="FILE",
                         help="YAML of extra scheduling plugins and profiles for every case (see extproc bench "
                              "routing --help); --strategies may name its profiles")
+    parser.add_argument("--samples", action="store_true",
+                        help="also write every measured request and the processes' /metrics per point under "
+                             "<out>/<case>/samples/ (see extproc bench routing --help; for diagnosis)")
     parser.add_argument("--out", default="reports/routing", help="report directory (default %(default)s)")
     parser.add_argument("--summary-only", action="store_true",
                         help="run nothing: rebuild <out>/README.md from the cases' results.json")
@@ -89,7 +92,7 @@ def _case_args(case: Case, args: argparse.Namespace, out: Path) -> argparse.Name
     argv = ["--workload", case.workload, *case.options, "--strategies", strategies, "--loads", args.loads,
             "--repeat", str(args.repeat), "--duration", f"{args.duration:g}", "--warmup", f"{args.warmup:g}",
             "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--out", str(out / case.name),
-            *(("--scheduling", args.scheduling) if args.scheduling else ())]
+            *(("--scheduling", args.scheduling) if args.scheduling else ()), *(("--samples",) if args.samples else ())]
     parsed = parser.parse_args(argv)
     parsed.command = "extproc bench routing " + " ".join(argv)
     return parsed

@@ -53,12 +53,15 @@ def test_zipf_at_80_percent_needs_a_fifth_of_sglangs_p90() -> None:
 
 def test_case_arguments_and_summary(tmp_path: Path) -> None:
     args = argparse.Namespace(strategies="default,sglang-cache-aware", loads="0.4,0.8", repeat=2, duration=10.0,
-                              warmup=2.0, stream_chunk_tokens=16, scheduling=None)
+                              warmup=2.0, stream_chunk_tokens=16, scheduling=None, samples=False)
     uniform = next(c for c in CASES if c.name == "uniform")
     parsed = routing_suite._case_args(uniform, args, tmp_path)
     assert parsed.strategies == "default,sglang-cache-aware,default@3" and parsed.workload == "shared-prefix"
     assert parsed.groups == 48 and parsed.popularity == "uniform" and parsed.repeat == 2
-    assert parsed.stream_chunk_tokens == 16 and parsed.scheduling is None
+    assert parsed.stream_chunk_tokens == 16 and parsed.scheduling is None and not parsed.samples
+    args.samples = True  # per-request samples for diagnosis reach the case's run
+    assert routing_suite._case_args(uniform, args, tmp_path).samples
+    args.samples = False
     args.scheduling = "variants.yaml"  # extra profiles reach every case
     assert routing_suite._case_args(uniform, args, tmp_path).scheduling == "variants.yaml"
     args.scheduling = None

@@ -60,6 +60,7 @@ class RoutedFleet:
                  profile_name: str = "default") -> None:
         self.time = VirtualTime()
         self.nodes = [Node(Engine(profile, self.time.clock), Endpoint(f"10.0.0.{i}:8000")) for i in range(endpoints)]
+        self.pool = tuple(n.endpoint for n in self.nodes)  # the pool's endpoint set, as the gateway names it
         self.load = LoadModel(SaturationConfig(), stale_after_s=1.0)
         unshared = replicas if share_s is None else 1
         self.schedulers = [Scheduler(SchedulingConfig(), unshared_replicas=unshared) for _ in range(replicas)]
@@ -104,8 +105,8 @@ class RoutedFleet:
         scheduler = self.schedulers[self._replica_rng.randrange(len(self.schedulers))]
         request = SchedulingRequest(model="m", prompt_tokens=len(text) // 4, max_output_tokens=body["max_tokens"],
                                     prefix_blocks=prefix_blocks(text), now=self.time.now, load=self.load,
-                                    sequence=self._sequence)
-        endpoints = [n.endpoint for n in self.nodes]
+                                    sequence=self._sequence, pool=self.pool)
+        endpoints = list(self.pool)
         picked = scheduler.schedule(self.profile_name, request, endpoints, 1)[0]
         scheduler.profile(self.profile_name).observe(request, picked)
         index = endpoints.index(picked)
