@@ -43,8 +43,8 @@ def prefix_blocks(text: str, block_chars: int = DEFAULT_BLOCK_CHARS,
 
 class PrefixChains:
     """`prefix_blocks` for one scheduler, remembering the chains of prompts' leading messages: requests that share
-    them (a system prompt, a conversation's history) hash only what follows (a 3,000-token system prompt: ~55 us
-    of the chain's ~65 us per request). Same hashes as `prefix_blocks`, always.
+    them (a system prompt, a conversation's history) hash only what follows (15 KB prompts sharing a 13 KB system
+    prompt: 60 -> 21 us per request, reports/i15-s11). Same hashes as `prefix_blocks`, always.
 
     Where a prompt may be cut: before each of its last `CUT_DEPTH` messages (`separator` starts a message), rounded
     down to a whole block. The longest cut remembered is used; the cut before the last message is remembered. A
