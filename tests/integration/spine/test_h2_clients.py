@@ -5,8 +5,8 @@ front ends.
 Request trailers are tested with the default body mode (buffered) only. With `envoy.request_body_mode: streamed`
 (Envoy 1.40, session 11, reports/i15-s11/README.md) they break: without content-length the body's end never
 reaches the service (Envoy sends neither the trailers nor an end-of-stream chunk while the headers reply is held:
-the request waits for the message timer), and with content-length the engine receives the body followed
-by extra bytes. Streamed stays opt-in until that is fixed."""
+the request hangs, past 10 s here, as for a client still uploading), and with content-length the engine receives the
+body followed by extra bytes. Streamed stays opt-in until that is fixed."""
 
 from __future__ import annotations
 
