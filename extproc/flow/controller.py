@@ -33,10 +33,14 @@ EXPIRY_MARGIN_S: Final = 0.05
 # A class's `reserve` applies only while its pool is saturated: while seats free up slower than one per
 # RESERVE_FREED_INTERVAL_S (about an engine step: a pool filling from idle, whose requests all started together,
 # frees none for a whole request's time) and, if a request queued then, until the queue empties (the first
-# completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); or
-# once requests have queued here without a break for SATURATED_AFTER_S (as long as the engine queue
-# `saturation.sustain_ms` asks for by default). Otherwise a held higher class gets the next free seat within about
-# a step, and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
+# completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); once
+# a request has waited here SATURATED_AFTER_S (as long as the engine queue `saturation.sustain_ms` asks for by
+# default); or, after a request expired in the queue, until the queue empties. Not while the queue has merely
+# stayed non-empty that long: a burst at 0.9x drains at a tenth of the pool's rate, so the queue lasts seconds
+# while each request waits a few hundred ms, and reserves then (10% fewer seats for 85% of the traffic) made the
+# backlog last longer still (sheddable TTFT p99 540 vs 277 ms without flow control, reports/i13-s11). Otherwise
+# a held higher class gets a free seat within about a step, and the reserve would only hold lower classes while
+# engines have seats. The rate of freed seats decays
 # over FREED_TAU_S: short, so that the lull after a busy period (its requests done, the new ones not yet) shows
 # within a few steps, before an overload that starts then has filled the seats kept for higher classes. With R
 # service replicas each sees only its own completions, 1/R of them: the window grows R-fold, so that the estimate
@@ -48,17 +52,18 @@ FREED_TAU_S: Final = 0.1
 # The reserve of a class whose reserve does not apply now: no seat kept (`LoadModel.capacity` rounds it away), but
 # above 0, so it does not probe past a learned capacity as the top class does.
 _NO_RESERVE: Final = 1e-12
-# While reserves do not apply, the classes that keep one (the lower classes) are peers: they take the same seats, so
-# the queue serves them in arrival order, at the highest priority among them, as the engines' own queues would
-# (a burst at 0.9x then delays each a little instead of the lowest class a lot). A class without a reserve keeps
-# its priority, so it never waits behind a lower one. Priority order between all classes comes back with the
-# reserves: at an overload's onset and once a queue lasts (`_reserving`).
+# While reserves do not apply (the pool is busy, not saturated), every class is a peer of every other: the queue
+# serves them in arrival order, as the engines' own queues would without flow control, so that flow control is
+# invisible below saturation. With critical first there (sessions 9-10), a 0.9x burst that filled every seat moved
+# critical's wait onto the others: standard TTFT p99 +11% pooled over 12 seeds in virtual time, +53% on one
+# (reports/i13-s11). Priority order between all classes comes back with the reserves: at an overload's onset and
+# once requests wait long (`_reserving`).
 
 
 def _kept(reserve: float, reserving: bool, queued: bool) -> float:
     """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`). A class
     without one probes past a learned capacity only while nothing waits here: once requests queue, the pool is
-    full as far as the service knows, and a top-class request waits first in line for the pool's next free seat
+    full as far as the service knows, and a top-class request waits in line here for the pool's next free seat
     rather than in one full engine's queue (a probe that lands there waits for that engine's next seat)."""
     if reserve <= 0:
         return _NO_RESERVE if queued else 0.0
@@ -66,11 +71,11 @@ def _kept(reserve: float, reserving: bool, queued: bool) -> float:
 
 
 def _levels(config: FlowControlConfig, reserving: bool) -> dict[str, int] | None:
-    """Each class's priority in the queue now: None (their own) while reserves apply, else peers levelled."""
-    lifted = [spec.priority for spec in config.classes.values() if spec.reserve > 0]
-    if reserving or not lifted:
+    """Each class's priority in the queue now: None (their own) while reserves apply, else all levelled."""
+    if reserving:
         return None
-    return {name: max(lifted) if spec.reserve > 0 else spec.priority for name, spec in config.classes.items()}
+    top = max(spec.priority for spec in config.classes.values())
+    return dict.fromkeys(config.classes, top)
 
 
 @dataclass(slots=True)
@@ -90,8 +95,7 @@ class _Pool:
     saturated: bool = False
     freed_per_s: float = 0.0  # routed requests finished per second (decaying over FREED_TAU_S), at freed_at
     freed_at: float = 0.0
-    held_since: float = -1.0  # since when requests have been queued here without a break (-1: none queued)
-    latched: bool = False  # a request queued while seats freed slowly: saturated until the queue empties
+    latched: bool = False  # a request queued while seats freed slowly, or expired: saturated until the queue empties
     stale_decisions: int = 0  # offers decided on stale/missing metrics
     classes: dict[str, _ClassStats] = field(default_factory=dict)
 
@@ -220,12 +224,9 @@ class FlowController:
 
     @staticmethod
     def _track(pool: _Pool, now: float) -> None:
-        """After the queue changed: since when it has held requests without a break."""
+        """After the queue changed: an empty queue ends a latched saturation."""
         if not pool.queue:
-            pool.held_since = -1.0
             pool.latched = False
-        elif pool.held_since < 0:
-            pool.held_since = now
 
     def _freed_tau_s(self) -> float:
         return FREED_TAU_S * max(1, self.replicas())
@@ -242,7 +243,7 @@ class FlowController:
         """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
         not while seats free often and nothing has queued for long (a busy pool below saturation)."""
         return (pool.latched or self._freed_slowly(pool, now)
-                or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
+                or ((oldest := pool.queue.oldest()) is not None and now - oldest >= SATURATED_AFTER_S))
 
     def _ahead(self, pool: _Pool, klass: str, reserve: float, reserving: bool) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
@@ -295,6 +296,7 @@ class FlowController:
         pool = self._pools.get(ticket.pool)
         if pool is None or not pool.queue.remove(ticket):
             return
+        pool.latched = True  # it waited its class's whole max_wait_s: the pool does not keep up
         self._track(pool, self._clock())
         waited = self._clock() - ticket.enqueued
         if self._observe_wait is not None:

@@ -79,6 +79,11 @@ class FairQueue(Generic[W]):
     def sizes(self) -> dict[str, int]:
         return {name: entry.size for name, entry in self._classes.items()}
 
+    def oldest(self) -> float | None:
+        """When the longest-queued request still here was enqueued (None: empty)."""
+        found = [w.enqueued for entry in self._classes.values() if entry.size and (w := entry.oldest()) is not None]
+        return min(found) if found else None
+
     def push(self, waiter: W) -> None:
         entry = self._classes.get(waiter.klass)
         if entry is None:
