@@ -33,31 +33,38 @@ EXPIRY_MARGIN_S: Final = 0.05
 # A class's `reserve` applies only while its pool is saturated: while seats free up slower than one per
 # RESERVE_FREED_INTERVAL_S (about an engine step: a pool filling from idle, whose requests all started together,
 # frees none for a whole request's time) and, if a request queued then, until the queue empties (the first
-# completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); once
-# a request has waited here SATURATED_AFTER_S (as long as the engine queue `saturation.sustain_ms` asks for by
-# default); or, after a request expired in the queue, until the queue empties. Not while the queue has merely
-# stayed non-empty that long: a burst at 0.9x drains at a tenth of the pool's rate, so the queue lasts seconds
-# while each request waits a few hundred ms, and reserves then (10% fewer seats for 85% of the traffic) made the
-# backlog last longer still (sheddable TTFT p99 540 vs 277 ms without flow control, reports/i13-s11). Otherwise
-# a held higher class gets a free seat within about a step, and the reserve would only hold lower classes while
-# engines have seats. The rate of freed seats decays
+# completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); or
+# once requests have queued here without a break for SATURATED_AFTER_S. That was 1 s until session 11, but a burst
+# at 0.9x drains at a tenth of the pool's rate: the queue lasts up to ~2 s there (virtual time, 15 seeds) while each
+# request waits a few hundred ms, and reserves then (seats kept idle for critical, from 85% of the traffic) made
+# the backlog last longer still (sheddable TTFT p99 540 vs 277 ms without flow control, reports/i13-s11). The
+# verdict must not hang on this replica's own waits: a replica that lifts its reserves takes the seats the others
+# keep, drains its queue first, and stays lifted (3 replicas at an overload that starts from a busy pool: critical
+# p99 640-690 ms vs ~150). Otherwise a held higher class gets a free seat within about a step (see PROMOTE_AFTER_S),
+# and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
 # over FREED_TAU_S: short, so that the lull after a busy period (its requests done, the new ones not yet) shows
 # within a few steps, before an overload that starts then has filled the seats kept for higher classes. With R
 # service replicas each sees only its own completions, 1/R of them: the window grows R-fold, so that the estimate
 # rests on as many completions as one replica's would (over FREED_TAU_S, a gap of ~160 ms in one replica's own
 # completions, about 1% of its gaps at 0.9x with 3 replicas, read as a slow pool and latched the reserves).
 RESERVE_FREED_INTERVAL_S: Final = 0.05
-SATURATED_AFTER_S: Final = 1.0
+SATURATED_AFTER_S: Final = 3.0
 FREED_TAU_S: Final = 0.1
+# Below saturation a class without a reserve (the top class) queues in arrival order with the others, until its
+# oldest request has waited this long; then it goes first again. Without that, an overload that starts from a busy
+# pool (no onset to latch on) kept critical in line behind the lower classes until the reserves came back (p99
+# ~1 s with them back after a 1 s wait); with it ~160-230 ms (main, always first: 56-180 ms), while at 0.9x the
+# others pay +4% / +1% p99 pooled over 12 seeds for it (0.05 s: +8.5% / +5.8%; reports/i13-s11).
+PROMOTE_AFTER_S: Final = 0.1
 # The reserve of a class whose reserve does not apply now: no seat kept (`LoadModel.capacity` rounds it away), but
 # above 0, so it does not probe past a learned capacity as the top class does.
 _NO_RESERVE: Final = 1e-12
-# While reserves do not apply (the pool is busy, not saturated), every class is a peer of every other: the queue
-# serves them in arrival order, as the engines' own queues would without flow control, so that flow control is
-# invisible below saturation. With critical first there (sessions 9-10), a 0.9x burst that filled every seat moved
-# critical's wait onto the others: standard TTFT p99 +11% pooled over 12 seeds in virtual time, +53% on one
-# (reports/i13-s11). Priority order between all classes comes back with the reserves: at an overload's onset and
-# once requests wait long (`_reserving`).
+# While reserves do not apply (the pool is busy, not saturated), the classes are peers: the queue serves them in
+# arrival order, as the engines' own queues would without flow control, so that flow control is invisible below
+# saturation. With critical always first there (sessions 9-10), a 0.9x burst that filled every seat moved critical's
+# wait onto the others: standard TTFT p99 +11% pooled over 12 seeds in virtual time, +53% on one (reports/i13-s11).
+# A top-class request that has waited PROMOTE_AFTER_S goes first; priority order between all classes comes back
+# with the reserves (`_reserving`).
 
 
 def _kept(reserve: float, reserving: bool, queued: bool) -> float:
@@ -70,12 +77,15 @@ def _kept(reserve: float, reserving: bool, queued: bool) -> float:
     return reserve if reserving else _NO_RESERVE
 
 
-def _levels(config: FlowControlConfig, reserving: bool) -> dict[str, int] | None:
-    """Each class's priority in the queue now: None (their own) while reserves apply, else all levelled."""
+def _levels(config: FlowControlConfig, reserving: bool, queue: FairQueue[Ticket], now: float
+            ) -> dict[str, int] | None:
+    """Each class's priority in the queue now: None (their own) while reserves apply, else all levelled, except a
+    class without a reserve whose oldest request has waited PROMOTE_AFTER_S (its own priority again)."""
     if reserving:
         return None
-    top = max(spec.priority for spec in config.classes.values())
-    return dict.fromkeys(config.classes, top)
+    level = min(spec.priority for spec in config.classes.values())
+    return {name: spec.priority if spec.reserve <= 0 and (oldest := queue.oldest(name)) is not None
+            and now - oldest >= PROMOTE_AFTER_S else level for name, spec in config.classes.items()}
 
 
 @dataclass(slots=True)
@@ -95,7 +105,9 @@ class _Pool:
     saturated: bool = False
     freed_per_s: float = 0.0  # routed requests finished per second (decaying over FREED_TAU_S), at freed_at
     freed_at: float = 0.0
-    latched: bool = False  # a request queued while seats freed slowly, or expired: saturated until the queue empties
+    held_since: float = -1.0  # since when requests have been queued here without a break (-1: none queued)
+    longest_held_s: float = 0.0  # the longest such stretch so far (for /debug/flow)
+    latched: bool = False  # a request queued while seats freed slowly: saturated until the queue empties
     stale_decisions: int = 0  # offers decided on stale/missing metrics
     classes: dict[str, _ClassStats] = field(default_factory=dict)
 
@@ -224,9 +236,14 @@ class FlowController:
 
     @staticmethod
     def _track(pool: _Pool, now: float) -> None:
-        """After the queue changed: an empty queue ends a latched saturation."""
+        """After the queue changed: since when it has held requests without a break."""
+        if pool.held_since >= 0:
+            pool.longest_held_s = max(pool.longest_held_s, now - pool.held_since)
         if not pool.queue:
+            pool.held_since = -1.0
             pool.latched = False
+        elif pool.held_since < 0:
+            pool.held_since = now
 
     def _freed_tau_s(self) -> float:
         return FREED_TAU_S * max(1, self.replicas())
@@ -243,7 +260,7 @@ class FlowController:
         """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
         not while seats free often and nothing has queued for long (a busy pool below saturation)."""
         return (pool.latched or self._freed_slowly(pool, now)
-                or ((oldest := pool.queue.oldest()) is not None and now - oldest >= SATURATED_AFTER_S))
+                or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
 
     def _ahead(self, pool: _Pool, klass: str, reserve: float, reserving: bool) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
@@ -251,7 +268,7 @@ class FlowController:
         if not pool.queue:
             return False
         classes = self.config.classes
-        levels = _levels(self.config, reserving)
+        levels = _levels(self.config, reserving, pool.queue, self._clock())
         priority = classes[klass].priority if levels is None else levels[klass]
         return any(pool.queue.queued(name) and (spec.priority if levels is None else levels[name]) >= priority
                    and _kept(spec.reserve, reserving, True) <= reserve for name, spec in classes.items())
@@ -265,7 +282,7 @@ class FlowController:
         pool.queue.aging_per_s = self.config.aging_per_s
         while granted and pool.queue:
             granted = False
-            for klass in pool.queue.ranked(now, _levels(self.config, reserving)):
+            for klass in pool.queue.ranked(now, _levels(self.config, reserving, pool.queue, now)):
                 spec = self.config.classes.get(klass)
                 reserve = _kept(spec.reserve if spec is not None else 0.0, reserving, True)
                 if reserve not in rooms:
@@ -296,7 +313,6 @@ class FlowController:
         pool = self._pools.get(ticket.pool)
         if pool is None or not pool.queue.remove(ticket):
             return
-        pool.latched = True  # it waited its class's whole max_wait_s: the pool does not keep up
         self._track(pool, self._clock())
         waited = self._clock() - ticket.enqueued
         if self._observe_wait is not None:
@@ -325,6 +341,7 @@ class FlowController:
                 "queued": pool.queue.sizes(),
                 "pending_grants": pool.pending,
                 "stale_decisions": pool.stale_decisions,
+                "longest_queue_s": round(pool.longest_held_s, 3),
                 "classes": {
                     klass: {"direct": s.direct, "queued": s.queued, "granted": s.granted, "left": s.left,
                             "rejected": dict(s.rejected), "max_wait_s": round(s.max_wait_s, 4)}

@@ -79,9 +79,10 @@ class FairQueue(Generic[W]):
     def sizes(self) -> dict[str, int]:
         return {name: entry.size for name, entry in self._classes.items()}
 
-    def oldest(self) -> float | None:
-        """When the longest-queued request still here was enqueued (None: empty)."""
-        found = [w.enqueued for entry in self._classes.values() if entry.size and (w := entry.oldest()) is not None]
+    def oldest(self, klass: str | None = None) -> float | None:
+        """When the longest-queued request still here (of `klass`, or of any class) was enqueued (None: none)."""
+        entries = self._classes.values() if klass is None else [e for e in (self._classes.get(klass),) if e]
+        found = [w.enqueued for entry in entries if entry.size and (w := entry.oldest()) is not None]
         return min(found) if found else None
 
     def push(self, waiter: W) -> None:
