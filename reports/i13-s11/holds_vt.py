@@ -113,6 +113,11 @@ def point(load: float, flow: bool, seed: int, replicas: int, sync_s: float
         end = at + length
         if keep:
             fleet.time.call_at(at, lambda: measuring.__setitem__(0, True))
+
+            def reset() -> None:
+                for replica in fleet.replicas:
+                    replica.flow._pool("pool").longest_held_s = 0.0
+            fleet.time.call_at(at, reset)
         if rate > 0:
             while (at := at + rng.expovariate(rate * capacity)) < end:
                 klass = rng.choices(list(MIX), list(MIX.values()))[0]
@@ -131,6 +136,7 @@ def point(load: float, flow: bool, seed: int, replicas: int, sync_s: float
     for h in holds:
         t: Ticket = h.pop("ticket")
         h["waited"] = (t.outcome.waited_s if t.outcome is not None else None) if not t.granted else None
+    point.longest = max(r.flow._pool("pool").longest_held_s for r in fleet.replicas)  # type: ignore[attr-defined]
     return ttft, len(fleet.outcome.refused) - marks[1], holds, len(measured)
 
 
@@ -154,11 +160,12 @@ def main() -> None:
         gates: collections.Counter[str] = collections.Counter()
         gates_free: collections.Counter[str] = collections.Counter()
         print(f"\n### {replicas} replica(s), {args.load}x, exchange {args.sync * 1000:.0f} ms\n")
-        print("| seed | on crit | std | shed | off crit | std | shed | refused | held | held with true free seats |")
-        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("| seed | on crit | std | shed | off crit | std | shed | refused | held | held with true free seats | longest queue (s) |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         total_refused = 0
         for seed in seeds:
             on, refused, holds, _ = point(args.load, True, seed, replicas, args.sync)
+            longest = point.longest  # type: ignore[attr-defined]
             off, _, _, _ = point(args.load, False, seed, replicas, args.sync)
             total_refused += refused
             for k in MIX:
@@ -175,7 +182,7 @@ def main() -> None:
                           f"over={h['over']:.1f} caps={h['caps']} room0={h['room0']} roomk={h['roomk']} pending={h['pending']} "
                           f"queued={h['queued']}")
             cells = " | ".join(f"{p99(t[k]) * 1000:.0f}" for t in (on, off) for k in MIX)
-            print(f"| {seed} | {cells} | {refused} | {len(holds)} | {free} |", flush=True)
+            print(f"| {seed} | {cells} | {refused} | {len(holds)} | {free} | {longest:.2f} |", flush=True)
         ratios = " | ".join(f"{p99(pooled[True][k]) * 1000:.1f} / {p99(pooled[False][k]) * 1000:.1f} "
                             f"({p99(pooled[True][k]) / p99(pooled[False][k]) - 1:+.1%})" for k in MIX)
         print(f"\npooled p99 on / off: {ratios}; refused {total_refused}")
