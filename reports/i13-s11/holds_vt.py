@@ -78,13 +78,14 @@ def classify(fleet: FlowFleet, replica: int, klass: str) -> dict[str, Any]:
             "queued": len(pool.queue), "over": over, "class": klass, "caps": caps}
 
 
-def point(load: float, flow: bool, seed: int, replicas: int, sync_s: float
+def point(load: float, flow: bool, seed: int, replicas: int, sync_s: float, share: bool = False
           ) -> tuple[dict[str, list[float]], int, list[dict[str, Any]], int]:
     profile = BUILTIN_PROFILES["h100-8b"]
     capacity = ENGINES * profile.capacity_rps(PROMPT, 96)
     config = FlowControlConfig()
     fleet = FlowFleet(profile, ENGINES, config, SaturationConfig(), None,
-                      {name: spec.reserve for name, spec in config.classes.items()}, replicas=replicas, sync_s=sync_s)
+                      {name: spec.reserve for name, spec in config.classes.items()}, replicas=replicas, sync_s=sync_s,
+                      share=share)
     rng = random.Random(seed)
     measured: list[tuple[GenRequest, str, float]] = []
     holds: list[dict[str, Any]] = []
@@ -116,7 +117,9 @@ def point(load: float, flow: bool, seed: int, replicas: int, sync_s: float
 
             def reset() -> None:
                 for replica in fleet.replicas:
-                    replica.flow._pool("pool").longest_held_s = 0.0
+                    pool = replica.flow._pool("pool")
+                    if hasattr(pool, "longest_held_s"):  # not in main's controller (9e990b3)
+                        pool.longest_held_s = 0.0
             fleet.time.call_at(at, reset)
         if rate > 0:
             while (at := at + rng.expovariate(rate * capacity)) < end:
@@ -136,7 +139,8 @@ def point(load: float, flow: bool, seed: int, replicas: int, sync_s: float
     for h in holds:
         t: Ticket = h.pop("ticket")
         h["waited"] = (t.outcome.waited_s if t.outcome is not None else None) if not t.granted else None
-    point.longest = max(r.flow._pool("pool").longest_held_s for r in fleet.replicas)  # type: ignore[attr-defined]
+    point.longest = max(getattr(r.flow._pool("pool"), "longest_held_s", 0.0)  # type: ignore[attr-defined]
+                        for r in fleet.replicas)
     return ttft, len(fleet.outcome.refused) - marks[1], holds, len(measured)
 
 
@@ -150,6 +154,7 @@ def main() -> None:
     parser.add_argument("--sync", type=float, default=0.02)
     parser.add_argument("--replicas", default="1,3")
     parser.add_argument("--load", type=float, default=0.9)
+    parser.add_argument("--share", action="store_true", help="shared scrapes (scheduling.scrape.share)")
     parser.add_argument("--detail", action="store_true", help="print the gate of every hold")
     parser.add_argument("seeds", nargs="*", type=int)
     args = parser.parse_args()
@@ -159,14 +164,15 @@ def main() -> None:
                                                      False: collections.defaultdict(list)}
         gates: collections.Counter[str] = collections.Counter()
         gates_free: collections.Counter[str] = collections.Counter()
-        print(f"\n### {replicas} replica(s), {args.load}x, exchange {args.sync * 1000:.0f} ms\n")
+        print(f"\n### {replicas} replica(s), {args.load}x, exchange {args.sync * 1000:.0f} ms"
+              f"{', shared scrapes' if args.share else ''}\n")
         print("| seed | on crit | std | shed | off crit | std | shed | refused | held | held with true free seats | longest queue (s) |")
         print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         total_refused = 0
         for seed in seeds:
-            on, refused, holds, _ = point(args.load, True, seed, replicas, args.sync)
+            on, refused, holds, _ = point(args.load, True, seed, replicas, args.sync, args.share)
             longest = point.longest  # type: ignore[attr-defined]
-            off, _, _, _ = point(args.load, False, seed, replicas, args.sync)
+            off, _, _, _ = point(args.load, False, seed, replicas, args.sync, args.share)
             total_refused += refused
             for k in MIX:
                 pooled[True][k] += on[k]
