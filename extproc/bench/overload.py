@@ -178,6 +178,16 @@ def class_counts(flows: Sequence[Mapping[str, Any]], before: Mapping[str, dict[s
     return counts
 
 
+def reserving_counts(flows: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Flow control's decisions taken with the reserves on, by reason, over the replicas, less `before`."""
+    counts: dict[str, int] = {}
+    for sign, found in ((1, flows), (-1, before)):
+        for flow in found:
+            for reason, count in flow.get("reserving", {}).items():
+                counts[reason] = counts.get(reason, 0) + sign * int(count)
+    return counts
+
+
 async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
                     sim_args: Sequence[str], workdir: Path, seed: int | None = None
                     ) -> tuple[dict[str, Any], list[Sample]]:
@@ -196,7 +206,8 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         flow_before = await flow_counts(client, admin_ports)
         lag_before = await loop_lag(client, admin_ports)
         flowing = not envoy_only and split_strategy(strategy)[1]
-        classes_before = class_counts(await flow_stats(client, stack)) if flowing else {}
+        flows_before = await flow_stats(client, stack) if flowing else []
+        classes_before = class_counts(flows_before)
         sims = [f"127.0.0.1:{port}" for ports in stack.sim_ports.values() for port in ports]
         engines_before = await scrape_metrics(client, sims)
         cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
@@ -229,6 +240,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
         "flow_run_classes": class_counts(flows, classes_before),
+        "flow_run_reserving": reserving_counts(flows, flows_before),
         "service_loop_lag": lag_run.summary(),
         "cores": cores, "machine": machine, "engine_ttft_ms": engines, "client_gc_pauses": pauses.longest(),
     }, samples
@@ -242,6 +254,7 @@ TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50
          ("engine_ttft_ms.p99", "eng99"), ("service_loop_lag.p99_ms_le", "lag99<="),
          ("service_loop_lag.max_ms", "lagmax"),
          ("flow_run.queued", "fc_q"), ("flow_run.waited_over_1s", "fc_q>1s"), ("flow_run.rejected", "fc_rej"),
+         ("flow_run_reserving", "reserving"),
          ("client_timeouts", "timeouts")]
 
 

@@ -39,6 +39,9 @@ def pooled(points: Sequence[tuple[Mapping[str, Any], Sequence[Sample]]], duratio
             "flow_run": {key: sum(row.get("flow_run", {}).get(key, 0) for row in rows)
                          for key in ("queued", "waited_over_1s", "rejected")},
             "max_queue_wait_s": waits,
+            "flow_run_reserving": {reason: sum(row.get("flow_run_reserving", {}).get(reason, 0) for row in rows)
+                                   for reason in sorted({k for row in rows
+                                                         for k in row.get("flow_run_reserving", {})})},
             "client_timeouts": sum(row.get("client_timeouts", 0) for row in rows),
         })
     return out

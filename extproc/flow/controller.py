@@ -56,6 +56,11 @@ FREED_TAU_S: Final = 0.1
 # ~1 s with them back after a 1 s wait); with it ~160-230 ms (main, always first: 56-180 ms), while at 0.9x the
 # others pay +4% / +1% p99 pooled over 12 seeds for it (0.05 s: +8.5% / +5.8%; reports/i13-s11).
 PROMOTE_AFTER_S: Final = 0.1
+# A request that queues while seats free slower than this fraction of one per RESERVE_FREED_INTERVAL_S (one per
+# 200 ms) latches the reserves until the queue empties: an overload's onset from idle frees none for a whole
+# request's time; a busy pool at 0.9x (~85 seats/s) has short dips below one per 50 ms, and a latch there held the
+# lower classes in strict priority order for the whole burst (session 11, locked bench, 1 replica).
+LATCH_FRACTION: Final = 0.25
 # The reserve of a class whose reserve does not apply now: no seat kept (`LoadModel.capacity` rounds it away), but
 # above 0, so it does not probe past a learned capacity as the top class does.
 _NO_RESERVE: Final = 1e-12
@@ -107,7 +112,8 @@ class _Pool:
     freed_at: float = 0.0
     held_since: float = -1.0  # since when requests have been queued here without a break (-1: none queued)
     longest_held_s: float = 0.0  # the longest such stretch so far (for /debug/flow)
-    latched: bool = False  # a request queued while seats freed slowly: saturated until the queue empties
+    latched: bool = False  # a request queued while seats freed very slowly: saturated until the queue empties
+    reserving: dict[str, int] = field(default_factory=dict)  # decisions taken with the reserves on, by reason
     stale_decisions: int = 0  # offers decided on stale/missing metrics
     classes: dict[str, _ClassStats] = field(default_factory=dict)
 
@@ -181,7 +187,7 @@ class FlowController:
         ticket.cold = room.cold_s > 0
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
-        if self._freed_slowly(pool, now):
+        if self._freed_slowly(pool, now, LATCH_FRACTION):
             pool.latched = True
         self._track(pool, now)
         pool.stats(klass).queued += 1
@@ -252,15 +258,19 @@ class FlowController:
         """This replica's rate of freed seats (decaying over FREED_TAU_S per replica)."""
         return pool.freed_per_s * math.exp(-max(0.0, now - pool.freed_at) / self._freed_tau_s())
 
-    def _freed_slowly(self, pool: _Pool, now: float) -> bool:
-        """Seats of the pool free slower than one per RESERVE_FREED_INTERVAL_S, over all service replicas."""
-        return self._freed_per_s(pool, now) * max(1, self.replicas()) * RESERVE_FREED_INTERVAL_S < 1.0
+    def _freed_slowly(self, pool: _Pool, now: float, fraction: float = 1.0) -> bool:
+        """Seats of the pool free slower than `fraction` per RESERVE_FREED_INTERVAL_S, over all service replicas."""
+        return self._freed_per_s(pool, now) * max(1, self.replicas()) * RESERVE_FREED_INTERVAL_S < fraction
 
     def _reserving(self, pool: _Pool, now: float) -> bool:
         """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
-        not while seats free often and nothing has queued for long (a busy pool below saturation)."""
-        return (pool.latched or self._freed_slowly(pool, now)
-                or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
+        not while seats free often and nothing has queued for long (a busy pool below saturation). Counted per
+        reason in `reserving` (/debug/flow)."""
+        reason = ("latched" if pool.latched else "slow" if self._freed_slowly(pool, now)
+                  else "queue" if pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S else None)
+        if reason is not None:
+            pool.reserving[reason] = pool.reserving.get(reason, 0) + 1
+        return reason is not None
 
     def _ahead(self, pool: _Pool, klass: str, reserve: float, reserving: bool) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
@@ -342,6 +352,7 @@ class FlowController:
                 "pending_grants": pool.pending,
                 "stale_decisions": pool.stale_decisions,
                 "longest_queue_s": round(pool.longest_held_s, 3),
+                "reserving": dict(pool.reserving),
                 "classes": {
                     klass: {"direct": s.direct, "queued": s.queued, "granted": s.granted, "left": s.left,
                             "rejected": dict(s.rejected), "max_wait_s": round(s.max_wait_s, 4)}
