@@ -52,7 +52,7 @@ class FlowControlConfig(Strict):
     # through Redis, so each sees the others' sends between scrapes (0 = never; needs a restart). 10 ms, not 20
     # (until session 11): a replica holds requests while another's completion freed a seat until it hears of it; at
     # 0.9x with 3 replicas that cost standard/sheddable +8%/+6% TTFT p99 at 20 ms, +2%/+2% at 10 ms (virtual time,
-    # 12 seeds pooled); an exchange costs ~50 us of the replica's CPU and ~20 us of Redis' (reports/i13-s11).
+    # 12 seeds pooled); an exchange costs ~60 us of the replica's CPU and ~40 us of Redis' (reports/i13-s11).
     fleet_sync_ms: int = Field(default=10, ge=0, le=10_000)
 
     @model_validator(mode="before")
