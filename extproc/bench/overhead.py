@@ -68,6 +68,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-chars", type=int, default=0,
                         help="prompt length in characters (prose with one e-mail address per ~1 KiB); "
                              "default 0: the short prompt 'Say ok.'")
+    parser.add_argument("--system-chars", type=int, default=0,
+                        help="a system prompt of this many characters before the prompt, the same in every request "
+                             "(the prompt then numbered per request: a shared prefix); default 0: none")
     parser.add_argument("--slices", choices=["on", "off"], default="on",
                         help="with --store redis: limits.slices (default on; off = every admission "
                              "waits for Redis)")
@@ -254,10 +257,11 @@ async def run_overhead(args: argparse.Namespace) -> int:
     stores = {variant[1] for variant in variants}
     direct_port, bare_port, redis_port = free_ports(3)
     ports = (direct_port, bare_port, redis_port)
-    _spec = request_spec(args.prompt_chars)
+    _spec = request_spec(args.prompt_chars, args.system_chars)
     report: dict[str, Any] = {"store": args.store, "slices": args.slices, "guard": args.guard,
                               "front_ends": args.front_ends,
-                              "prompt_chars": args.prompt_chars, "rate": args.rate, "workers": args.workers,
+                              "prompt_chars": args.prompt_chars, "system_chars": args.system_chars, "rate": args.rate,
+                              "workers": args.workers,
                               "duration_s": args.duration, "rounds": args.rounds, "cores": os.cpu_count(),
                               "envoy_concurrency": args.envoy_concurrency, "workdir": str(workdir)}
     spans_file: Path | None = None
@@ -344,7 +348,8 @@ async def run_overhead(args: argparse.Namespace) -> int:
     print(format_table(_rows(fixed, maximum),
                        ["variant", "p50_ms", "p95_ms", "p99_ms", "errors", "cpu_us", "max_rps", "cpu_us_at_max"]))
     for name, extra in added.items():
-        print(f"[{name}, guard: {args.guard}, prompt: {args.prompt_chars} chars] added at {args.rate:g} req/s: "
+        print(f"[{name}, guard: {args.guard}, prompt: {args.prompt_chars} chars, system: {args.system_chars}] added at "
+              f"{args.rate:g} req/s: "
               f"p50 {extra.get('p50')} ms, p99 {extra.get('p99')} ms; service CPU "
               f"{fixed[name]['cpu_us_per_request']} us/request")
         if "cpu_us_per_phase" in fixed[name]:

@@ -57,10 +57,20 @@ _PROSE = ("The Q3 2025 report covers revenue (up 12.5% to 4.2 million), churn an
           "7.1 and 7.2 due 2025-11-30; questions go to finance.team@example.com before Friday. ")
 
 
-def request_spec(prompt_chars: int) -> Callable[[int], RequestSpec]:
+def request_spec(prompt_chars: int, system_chars: int = 0) -> Callable[[int], RequestSpec]:
+    """Every request the same (`prompt_chars` of prose, or 'Say ok.'); with `system_chars`, a system prompt of that
+    many characters first, the same for every request, and a user prompt numbered per request (a shared prefix)."""
     text = (_PROSE * (prompt_chars // len(_PROSE) + 1))[:prompt_chars] if prompt_chars > 0 else "Say ok."
+    headers = (("content-type", "application/json"),)
+    if system_chars > 0:
+        system = (_PROSE * (system_chars // len(_PROSE) + 1))[:system_chars]
+
+        def numbered(index: int) -> RequestSpec:
+            messages = [{"role": "system", "content": system}, {"role": "user", "content": f"{index}: {text}"}]
+            body = json.dumps({"model": MODEL, "messages": messages, "max_tokens": 1}).encode()
+            return RequestSpec("POST", "/v1/chat/completions", headers, body)
+
+        return numbered
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1}).encode()
-    spec = RequestSpec("POST", "/v1/chat/completions", (("content-type", "application/json"),), body)
+    spec = RequestSpec("POST", "/v1/chat/completions", headers, body)
     return lambda _: spec
-
-

@@ -59,7 +59,8 @@ def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
     profile, flow = split_strategy(strategy)
     document = yaml.safe_load(stack.policy_path.read_text())
     document.setdefault("flow_control", {})["enabled"] = flow
-    document.setdefault("service", {})["front_end"] = front_end(strategy)
+    if (front := front_end(strategy)) is not None:
+        document.setdefault("service", {})["front_end"] = front
     if (mode := body_mode(strategy)) is not None:
         document.setdefault("envoy", {})["request_body_mode"] = mode
     document.setdefault("scheduling", {}).setdefault("scrape", {})["share"] = shares_scrapes(strategy)

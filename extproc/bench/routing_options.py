@@ -9,16 +9,18 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "LEAN", "NOFLOW", "SHARE", "STREAMED", "PrefixShape", "add_shape_options", "body_mode", "front_end",
-    "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "strategy_flags",
+    "BUFFERED", "GRPCIO", "LEAN", "NOFLOW", "SHARE", "STREAMED", "PrefixShape", "add_shape_options", "body_mode",
+    "front_end", "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
 # it, flow control is as a new user gets it: on.
 NOFLOW = "+noflow"
-# A strategy with this suffix runs our service on the lean HTTP/2 front end (`service.front_end: lean`) instead of
-# grpcio's; suffixes combine in any order before @N, e.g. default+noflow+lean@3.
+# With these suffixes our service runs on that front end (`service.front_end`): lean (HTTP/2 on the event loop) or
+# grpcio; without either, on the policy's default (lean), as a new user gets it. Suffixes combine in any order
+# before @N, e.g. default+noflow+grpcio@3.
 LEAN = "+lean"
+GRPCIO = "+grpcio"
 # With these suffixes Envoy's ext_proc filter sends the request body as `envoy.request_body_mode` says (streamed:
 # right behind the headers, one round trip to the service less; buffered: after the headers' reply), whatever the
 # policy's default, so that both body modes compare in one run.
@@ -27,7 +29,7 @@ BUFFERED = "+buffered"
 # A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
 # endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
 SHARE = "+share"
-SUFFIXES = frozenset({NOFLOW, LEAN, SHARE, STREAMED, BUFFERED})
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -58,9 +60,13 @@ def split_strategy(strategy: str) -> tuple[str, bool]:
     return name, NOFLOW not in flags
 
 
-def front_end(strategy: str) -> str:
-    """The service's `service.front_end` for a strategy: "lean" with the LEAN suffix, else "grpcio"."""
-    return "lean" if LEAN in strategy_flags(strategy)[1] else "grpcio"
+def front_end(strategy: str) -> str | None:
+    """The `service.front_end` a strategy's suffix asks for, or None for the policy's default. Raises ValueError
+    when it asks for both."""
+    flags = strategy_flags(strategy)[1]
+    if LEAN in flags and GRPCIO in flags:
+        raise ValueError(f"strategy {strategy!r}: {LEAN} and {GRPCIO} exclude each other")
+    return "lean" if LEAN in flags else "grpcio" if GRPCIO in flags else None
 
 
 def body_mode(strategy: str) -> str | None:

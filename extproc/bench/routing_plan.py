@@ -26,6 +26,7 @@ from extproc.bench.routing_envoy import ENVOY_STRATEGIES
 from extproc.bench.routing_metrics import FLEET_HEADROOM, KV_TARGET_RATIO, kv_blocks_for
 from extproc.bench.routing_options import (
     BUFFERED,
+    GRPCIO,
     LEAN,
     NOFLOW,
     SHARE,
@@ -34,6 +35,7 @@ from extproc.bench.routing_options import (
     PrefixShape,
     add_shape_options,
     body_mode,
+    front_end,
     service_replicas,
     strategy_flags,
 )
@@ -131,9 +133,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                              "ext_proc; ring hash on the request's prompt group), a peer "
                              f"router ({', '.join(PEERS)}; one-pool workloads, needs the bench extra) or a "
                              "scheduling profile of the service, e.g. default, load-only, least-inflight, random, "
-                             f"with flow control on, or off with the suffix {NOFLOW}, on the lean front end with "
-                             f"{LEAN}, the replicas sharing their scrapes with {SHARE}, Envoy's request body "
-                             f"{STREAMED} or {BUFFERED} to the service, and with --replicas "
+                             f"with flow control on, or off with the suffix {NOFLOW}, on the policy's front end (lean) "
+                             f"or on {LEAN} / {GRPCIO}, the replicas sharing their scrapes with {SHARE}, Envoy's "
+                             f"request body {STREAMED} or {BUFFERED} to the service, and with --replicas "
                              "service processes or N of them with the suffix @N (e.g. default@3) "
                              f"(default {DEFAULT_STRATEGIES}); "
                              f"overload: envoy-least-request, default, default{NOFLOW}, default{SHARE} "
@@ -248,11 +250,12 @@ def _strategies(args: argparse.Namespace, pools: int, extra: Mapping[str, Any]) 
     unknown = [s for s in strategies if _unknown(s, known, profiles)]
     if not strategies or unknown:
         raise ValueError(f"unknown strategies {unknown}; known: {', '.join(sorted(known))} "
-                         f"(a profile may take {NOFLOW}, {LEAN}, {SHARE}, {STREAMED} or {BUFFERED}, and @N service "
-                         "replicas)")
+                         f"(a profile may take {NOFLOW}, {LEAN}, {GRPCIO}, {SHARE}, {STREAMED} or {BUFFERED}, and @N "
+                         "service replicas)")
     for strategy in strategies:
         service_replicas(strategy, 1)  # raises ValueError on a bad @N
         body_mode(strategy)  # and on contradicting body modes
+        front_end(strategy)  # or front ends
     peers = [s for s in strategies if s in PEERS]
     if peers and pools > 1:
         raise ValueError(f"peer routers {peers} front one pool; the {args.workload} workload has "

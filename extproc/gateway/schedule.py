@@ -21,7 +21,9 @@ from extproc.gateway.stateful import new_response_id, pinned_endpoint
 from extproc.gateway.types import Route
 from extproc.openai import Api, rewrite_body
 from extproc.openai import errors as oai
-from extproc.scheduling import Explanation, SchedulingRequest, prefix_blocks
+from extproc.openai.prompt import MESSAGE_START
+from extproc.scheduling import Explanation, SchedulingRequest
+from extproc.scheduling.prefix import PrefixChains
 from extproc.telemetry import GatewayMetrics
 
 __all__ = ["Schedule", "in_subset"]
@@ -43,6 +45,7 @@ class Schedule:
         self._clock = clock
         self._sequence = 0  # per-process request counter: pickers break ties with it
         self._timers: dict[str, Callable[[float], None]] = {}
+        self._chains = PrefixChains(MESSAGE_START)  # prompts' block hashes, their shared leading messages hashed once
 
     def _time(self, plugin: str, seconds: float) -> None:
         observe = self._timers.get(plugin)
@@ -87,7 +90,7 @@ class Schedule:
             model=request.model,
             prompt_tokens=resolved.prompt_tokens,
             max_output_tokens=request.output_tokens,
-            prefix_blocks=prefix_blocks(request.prompt_text) if profile.needs_prefix else (),
+            prefix_blocks=self._chains(request.prompt_text) if profile.needs_prefix else (),
             lora=request.model if request.model in config.lora_adapters else None,
             session=caller.head.headers.get("x-session-id") or request.user,
             now=self._clock(),

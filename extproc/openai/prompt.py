@@ -23,8 +23,8 @@ from extproc.openai.apis import Api
 from extproc.openai.conversation import content_text, media_parts, turns
 from extproc.openai.errors import bad_request
 
-__all__ = ["PROMPT_FIELDS", "Slot", "extra_prompt_chars", "prompt_slots", "prompt_text", "prompt_view",
-           "unreadable_prompt"]
+__all__ = ["MESSAGE_START", "PROMPT_FIELDS", "Slot", "extra_prompt_chars", "prompt_slots", "prompt_text",
+           "prompt_view", "unreadable_prompt"]
 
 _CONVERSATIONS = frozenset({Api.CHAT, Api.MESSAGES, Api.RESPONSES})
 
@@ -60,6 +60,11 @@ _STRUCTURAL = frozenset({"role", "type", "id", "tool_call_id"})
 # A string of the body: (container, key) for a value that may be replaced in place, or (None, text) for a
 # dict key (read only: renaming a schema property would change the tool).
 Slot = tuple[Any, Any]
+
+
+# Where each message after the first begins in a conversation's `prompt_text` (`<|role|>content`, joined by
+# newlines): prefix hashing remembers the chains of the text before it (extproc/scheduling/prefix.py).
+MESSAGE_START = "\n<|"
 
 
 def _joined(conversation: list[tuple[str, Any]]) -> str:

@@ -10,9 +10,14 @@ natively (crc32(block, previous) is the CRC of the whole prefix) and runs in C.
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 
 DEFAULT_BLOCK_CHARS = 64
 DEFAULT_MAX_BLOCKS = 256
+# PrefixChains' bounds: text held (its keys), the shortest cut worth remembering, how many messages back it looks.
+DEFAULT_MEMO_BYTES = 8 << 20
+MIN_CUT_BLOCKS = 8
+CUT_DEPTH = 3
 
 
 def prefix_blocks(text: str, block_chars: int = DEFAULT_BLOCK_CHARS,
@@ -34,6 +39,70 @@ def prefix_blocks(text: str, block_chars: int = DEFAULT_BLOCK_CHARS,
             current = crc(text[start:start + block_chars].encode("utf-8", "surrogatepass"), current)
             append(current)
     return tuple(hashes)
+
+
+class PrefixChains:
+    """`prefix_blocks` for one scheduler, remembering the chains of prompts' leading messages: requests that share
+    them (a system prompt, a conversation's history) hash only what follows (15 KB prompts sharing a 13 KB system
+    prompt: 60 -> 21 us per request, reports/i15-s11). Same hashes as `prefix_blocks`, always.
+
+    Where a prompt may be cut: before each of its last `CUT_DEPTH` messages (`separator` starts a message), rounded
+    down to a whole block. The longest cut remembered is used; the cut before the last message is remembered. A
+    chain is remembered under its text's exact bytes: a hit is the same text, never a likely one (a hostile prompt
+    can only miss). ASCII prompts only (others are cut on characters); at most `max_bytes` of text held, least
+    recently used out."""
+
+    __slots__ = ("_chains", "block_chars", "held", "hits", "max_blocks", "max_bytes", "separator")
+
+    def __init__(self, separator: str, block_chars: int = DEFAULT_BLOCK_CHARS, max_blocks: int = DEFAULT_MAX_BLOCKS,
+                 max_bytes: int = DEFAULT_MEMO_BYTES) -> None:
+        self.separator = separator
+        self.block_chars = block_chars
+        self.max_blocks = max_blocks
+        self.max_bytes = max_bytes
+        self._chains: OrderedDict[bytes, tuple[int, ...]] = OrderedDict()
+        self.held = 0  # bytes of text held as keys
+        self.hits = 0
+
+    def __call__(self, text: str) -> tuple[int, ...]:
+        block = self.block_chars
+        usable = min(len(text) // block, self.max_blocks) * block
+        shortest = MIN_CUT_BLOCKS * block
+        if usable < shortest or not text.isascii():
+            return prefix_blocks(text, block, self.max_blocks)
+        data = text[:usable].encode()
+        cuts: list[int] = []
+        end = usable
+        while len(cuts) < CUT_DEPTH and (end := text.rfind(self.separator, 0, end)) >= shortest:
+            cuts.append(end // block * block)
+        chains = self._chains
+        known: tuple[int, ...] = ()
+        for cut in cuts:
+            found = chains.get(data[:cut])
+            if found is not None:
+                chains.move_to_end(data[:cut])
+                known = found
+                self.hits += 1
+                break
+        hashes = list(known)
+        append, crc = hashes.append, zlib.crc32
+        current = known[-1] if known else 0
+        for start in range(len(known) * block, usable, block):
+            current = crc(data[start:start + block], current)
+            append(current)
+        if cuts and len(known) * block < cuts[0]:
+            self._remember(data[:cuts[0]], tuple(hashes[:cuts[0] // block]))
+        return tuple(hashes)
+
+    def _remember(self, key: bytes, chain: tuple[int, ...]) -> None:
+        chains = self._chains
+        if key in chains:
+            return
+        chains[key] = chain
+        self.held += len(key)
+        while self.held > self.max_bytes:
+            oldest, _ = chains.popitem(last=False)
+            self.held -= len(oldest)
 
 
 def token_blocks(token_ids: list[int], block_size: int = 16, max_blocks: int = DEFAULT_MAX_BLOCKS) -> tuple[int, ...]:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from extproc.bench.overhead import _variants, configure
+from extproc.bench.overhead_stack import request_spec
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -42,3 +44,12 @@ def test_a_second_front_end_runs_every_store_and_workers_variant_again() -> None
     for bad in ("", "lean,lean", "h2"):
         message = _variants(parse("--front-ends", bad))
         assert isinstance(message, str) and "--front-ends" in message
+
+
+def test_a_system_prompt_is_shared_and_the_prompt_numbered_per_request() -> None:
+    args = parse("--prompt-chars", "300", "--system-chars", "5000")
+    spec = request_spec(args.prompt_chars, args.system_chars)
+    first, second = (json.loads(spec(index).body)["messages"] for index in (1, 2))
+    assert first[0] == second[0] and first[0]["role"] == "system" and len(first[0]["content"]) == 5000
+    assert first[1]["content"] != second[1]["content"] and first[1]["content"].startswith("1: ")
+    assert spec(1).body == spec(1).body and len(json.loads(request_spec(0)(3).body)["messages"]) == 1

@@ -71,6 +71,8 @@ def test_plan_rejects_bad_input(tmp_path: Path) -> None:
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default@0"))
     with pytest.raises(ValueError, match="exclude each other"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+streamed+buffered"))
+    with pytest.raises(ValueError, match="exclude each other"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--strategies", "default+lean+grpcio"))
     with pytest.raises(ValueError, match="positive"):
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "0"))
     with pytest.raises(ValueError, match="not both"):
@@ -102,6 +104,7 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
     routing._use_profile(stack, plan.layout.pools, "variant+noflow")
     assert {p.profile for p in stack.policy.pools} == {"variant"} and not stack.policy.flow_control.enabled
     assert not stack.policy.scheduling.scrape.share
+    assert stack.policy.service.front_end == "lean"  # the policy's default without a front-end suffix
     routing._use_profile(stack, plan.layout.pools, "variant+share+noflow")
     assert stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
@@ -112,8 +115,8 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
     ext_proc = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
     assert ext_proc["typed_config"]["send_body_without_waiting_for_header_response"] is True
     assert ext_proc["typed_config"]["processing_mode"]["request_body_mode"] == "STREAMED"
-    routing._use_profile(stack, plan.layout.pools, "variant+buffered")
-    assert stack.policy.envoy.request_body_mode == "buffered"
+    routing._use_profile(stack, plan.layout.pools, "variant+buffered+grpcio")
+    assert stack.policy.envoy.request_body_mode == "buffered" and stack.policy.service.front_end == "grpcio"
     with pytest.raises(ValueError, match="unknown strategies"):  # without the file, the profile is unknown
         routing_plan.make_plan(_args(tmp_path, *SMALL, "--qps", "5", "--strategies", "variant"))
     broken = {**VARIANT, "profiles": [{"name": "variant", "plugins": [{"pluginRef": "saturation"}]}]}

@@ -6,6 +6,7 @@ import pytest
 
 from extproc.bench.routing_options import (
     BUFFERED,
+    GRPCIO,
     LEAN,
     NOFLOW,
     SHARE,
@@ -32,11 +33,16 @@ def test_strategies_run_flow_control_as_shipped_unless_told_not_to() -> None:
             service_replicas(bad, 1)
 
 
-def test_the_lean_suffix_picks_the_front_end_and_combines_with_the_others() -> None:
-    assert front_end("default") == "grpcio" and front_end(f"default{NOFLOW}@3") == "grpcio"
+def test_front_end_suffixes_override_the_policy_and_combine_with_the_others() -> None:
+    # No suffix: the policy's default front end (as a new user gets it), not one the bench picks.
+    assert front_end("default") is None and front_end(f"default{NOFLOW}@3") is None
     for strategy in (f"default{LEAN}", f"default{NOFLOW}{LEAN}@3", f"default{LEAN}{NOFLOW}"):
         assert front_end(strategy) == "lean"
         assert split_strategy(strategy)[0] == "default"
+    assert front_end(f"default{GRPCIO}{STREAMED}@2") == "grpcio"
+    assert split_strategy(f"default{GRPCIO}{NOFLOW}") == ("default", False)
+    with pytest.raises(ValueError, match="exclude each other"):
+        front_end(f"default{LEAN}{GRPCIO}")
     assert split_strategy(f"default{LEAN}@3") == ("default", True)
     assert split_strategy(f"default{LEAN}{NOFLOW}") == ("default", False)
 

@@ -7,7 +7,7 @@ import zlib
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extproc.scheduling.prefix import prefix_blocks, rendezvous, token_blocks
+from extproc.scheduling.prefix import PrefixChains, prefix_blocks, rendezvous, token_blocks
 
 
 def test_shared_prefix_shares_leading_hashes_only() -> None:
@@ -48,3 +48,51 @@ def test_each_hash_is_the_crc_of_its_whole_prefix(text: str, block: int, most: i
     expected = tuple(zlib.crc32(text[:end].encode("utf-8", "surrogatepass"))
                      for end in range(block, min(len(text) // block, most) * block + 1, block))
     assert prefix_blocks(text, block, most) == expected
+
+
+SEP = "\n<|"
+
+
+def _chat(*messages: str) -> str:
+    return "\n".join(f"<|{'user' if i % 2 else 'system'}|>{m}" for i, m in enumerate(messages))
+
+
+def test_chains_reuse_a_shared_system_prompt_and_a_growing_conversation() -> None:
+    chains = PrefixChains(SEP)
+    system = "You are assistant 7. " + "words of the system prompt " * 200
+    first = _chat(system, "what is the first question here? " * 30)
+    assert chains(first) == prefix_blocks(first) and chains.hits == 0
+    second = _chat(system, "and now a different question entirely " * 30)
+    assert chains(second) == prefix_blocks(second) and chains.hits == 1  # the system prompt's chain, remembered
+    third = _chat(system, "and now a different question entirely " * 30, "an answer " * 40, "next? " * 20)
+    assert chains(third) == prefix_blocks(third) and chains.hits == 2  # two messages back: the same history
+    assert 0 < chains.held <= len(system) + 20 + len(third)  # two cuts remembered: the system prompt, the history
+
+
+@settings(max_examples=300, deadline=None)
+@given(messages=st.lists(st.text(st.sampled_from("ab <|\n"), max_size=300), min_size=1, max_size=6),
+       others=st.lists(st.text(st.sampled_from("ab <|\n\u00e9"), max_size=300), max_size=3),
+       block=st.integers(1, 40), most=st.integers(0, 64))
+def test_chains_are_prefix_blocks_whatever_the_text(messages: list[str], others: list[str], block: int,
+                                                    most: int) -> None:
+    """The memo never changes a hash: texts sharing messages (hits), separators inside messages (a hostile prompt
+    choosing the cuts), non-ASCII text, tiny blocks and a memo so small it evicts at once."""
+    chains = PrefixChains(SEP, block, most, max_bytes=block * 40)
+    for end in range(1, len(messages) + 1):
+        for tail in ["", *others]:
+            text = _chat(*messages[:end], tail) if tail else _chat(*messages[:end])
+            assert chains(text) == prefix_blocks(text, block, most)
+            assert chains.held <= block * 40
+
+
+def test_the_memo_is_bounded_and_forgets_the_least_recently_used() -> None:
+    chains = PrefixChains(SEP, max_bytes=40_000)
+    systems = [f"system prompt number {n} " * 400 for n in range(10)]  # ~10 KB each
+    for system in systems:
+        chains(_chat(system, "question " * 100))
+    assert chains.held <= 40_000
+    hits = chains.hits
+    chains(_chat(systems[-1], "another question " * 50))
+    assert chains.hits == hits + 1  # the most recent is held
+    chains(_chat(systems[0], "another question " * 50))
+    assert chains.hits == hits + 1  # the oldest was let go
