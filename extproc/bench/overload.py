@@ -36,9 +36,10 @@ from typing import Any
 from extproc.bench.flowstats import flow_counts
 from extproc.bench.gcwatch import GcPauses
 from extproc.bench.httpclient import HttpClient, RequestError
-from extproc.bench.loadgen import RequestSpec, run_open_loop
+from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
 from extproc.bench.looplag import LoopLagCounts, loop_lag
 from extproc.bench.overload_mix import CLASSES, MIX, Demand, class_rows, fairness, jain, max_min_shares
+from extproc.bench.overload_pool import pooled
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
@@ -177,22 +178,36 @@ def class_counts(flows: Sequence[Mapping[str, Any]], before: Mapping[str, dict[s
     return counts
 
 
+def reserving_counts(flows: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Flow control's decisions taken with the reserves on, by reason, over the replicas, less `before`."""
+    counts: dict[str, int] = {}
+    for sign, found in ((1, flows), (-1, before)):
+        for flow in found:
+            for reason, count in flow.get("reserving", {}).items():
+                counts[reason] = counts.get(reason, 0) + sign * int(count)
+    return counts
+
+
 async def run_point(strategy: str, load: float, capacity: float, args: argparse.Namespace, endpoints: int,
-                    sim_args: Sequence[str], workdir: Path) -> dict[str, Any]:
+                    sim_args: Sequence[str], workdir: Path, seed: int | None = None
+                    ) -> tuple[dict[str, Any], list[Sample]]:
+    """One point (the measured row and its samples), with `seed` (default `--seed`) for workload and arrivals."""
+    seed = args.seed if seed is None else seed
     rate = load * capacity
     envoy_only = strategy in ENVOY_STRATEGIES
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
         stack = await _start(group, workdir, strategy, endpoints, sim_args, args.replicas, args.fleet_sync_ms)
-        specs = _spec_factory(args.seed, strategy in ENVOY_STRATEGIES)
+        specs = _spec_factory(seed, strategy in ENVOY_STRATEGIES)
         warm = await run_open_loop("127.0.0.1", stack.envoy_port, lambda i: specs(1_000_000 + i),
-                                   rate=WARMUP_LOAD * capacity, duration_s=args.warmup, seed=args.seed + 7,
+                                   rate=WARMUP_LOAD * capacity, duration_s=args.warmup, seed=seed + 7,
                                    client=client, timeout_s=args.client_timeout) if args.warmup > 0 else []
         printer = ProgressPrinter(prefix=f"{strategy} @ {load:g}x ({rate:.1f} req/s) ")
         admin_ports = [] if envoy_only else [admin for _, admin in stack.service_ports]
         flow_before = await flow_counts(client, admin_ports)
         lag_before = await loop_lag(client, admin_ports)
         flowing = not envoy_only and split_strategy(strategy)[1]
-        classes_before = class_counts(await flow_stats(client, stack)) if flowing else {}
+        flows_before = await flow_stats(client, stack) if flowing else []
+        classes_before = class_counts(flows_before)
         sims = [f"127.0.0.1:{port}" for ports in stack.sim_ports.values() for port in ports]
         engines_before = await scrape_metrics(client, sims)
         cpu_before, load_before = {**group.cpu_seconds(), "client": self_cpu_seconds()}, os.getloadavg()[0]
@@ -200,7 +215,7 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
         try:
             with GcPauses() as pauses:
                 samples = await run_open_loop("127.0.0.1", stack.envoy_port, specs, rate=rate,
-                                              duration_s=args.duration, seed=args.seed, client=client,
+                                              duration_s=args.duration, seed=seed, client=client,
                                               progress=printer, timeout_s=args.client_timeout, max_in_flight=4096)
         finally:
             printer.close()
@@ -219,15 +234,16 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
     classes = class_rows(samples, args.slo_ttft)
     within = sum(row["within_slo"] for row in classes.values())
     return {
-        "strategy": strategy, "load": load, "rate_rps": round(rate, 2), "wall_s": round(wall, 1),
+        "strategy": strategy, "load": load, "seed": seed, "rate_rps": round(rate, 2), "wall_s": round(wall, 1),
         "classes": classes, "fairness": fairness(samples, args.duration),
         "goodput_rps": round(within / args.duration, 2), "warmup_requests": len(warm),
         "client_timeouts": sum(1 for s in samples if s.error == "timeout"),
         "max_queue_wait_s": longest_waits(flows), "flow": flows, "flow_run": flow_run.as_dict(),
         "flow_run_classes": class_counts(flows, classes_before),
+        "flow_run_reserving": reserving_counts(flows, flows_before),
         "service_loop_lag": lag_run.summary(),
         "cores": cores, "machine": machine, "engine_ttft_ms": engines, "client_gc_pauses": pauses.longest(),
-    }
+    }, samples
 
 
 TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50_ms", "crit50"),
@@ -238,6 +254,7 @@ TABLE = [("strategy", "strategy"), ("load", "load"), ("classes.critical.ttft_p50
          ("engine_ttft_ms.p99", "eng99"), ("service_loop_lag.p99_ms_le", "lag99<="),
          ("service_loop_lag.max_ms", "lagmax"),
          ("flow_run.queued", "fc_q"), ("flow_run.waited_over_1s", "fc_q>1s"), ("flow_run.rejected", "fc_rej"),
+         ("flow_run_reserving", "reserving"),
          ("client_timeouts", "timeouts")]
 
 
@@ -281,36 +298,48 @@ async def run_overload(args: argparse.Namespace) -> int:
     mean_output = MAX_TOKENS * (1 + profile.min_output_fraction) / 2
     capacity = args.capacity or capacity_rps(profile, endpoints, prompt_tokens(args.seed), mean_output)
     workdir = Path(args.workdir) if args.workdir else Path(f"/tmp/extproc-overload-{int(time.time())}")
-    sim_args = ("--profile", "h100-8b", "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--seed",
-                str(args.seed))
+    seeds = range(args.seed, args.seed + max(1, getattr(args, "repeat", 1)))
     out = Path(args.out or "reports/routing-overload")
     # The service's default classes, which this benchmark runs with.
     classes = {name: spec.max_wait_s for name, spec in FlowControlConfig().classes.items()}
     print(f"overload: {endpoints} replicas of h100-8b, {args.replicas} service process(es), "
           f"capacity ~{capacity:.1f} req/s; loads {loads} x capacity; "
-          f"{args.duration:g} s per point; strategies {strategies}; class waits {classes}; workdir {workdir}",
-          file=sys.stderr)
+          f"{args.duration:g} s per point; seeds {list(seeds)} (strategies interleaved per seed); strategies "
+          f"{strategies}; class waits {classes}; workdir {workdir}", file=sys.stderr)
     rows: list[dict[str, Any]] = []
+    points: list[tuple[dict[str, Any], list[Sample]]] = []
     for load in loads:
-        for strategy in strategies:
-            try:
-                row = await run_point(strategy, load, capacity, args, endpoints, sim_args,
-                                      workdir / f"{strategy}-{load:g}x")
-            except Exception as exc:  # one broken point must not end the run
-                row = {"strategy": strategy, "load": load, "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
-            rows.append(row)
-            print(f"{strategy} @ {load:g}x: " + json.dumps(row.get("classes", row.get("failed"))), file=sys.stderr)
+        for seed in seeds:
+            sim_args = ("--profile", "h100-8b", "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--seed",
+                        str(seed))
+            for strategy in strategies:
+                try:
+                    row, samples = await run_point(strategy, load, capacity, args, endpoints, sim_args,
+                                                   workdir / f"{strategy}-{load:g}x-s{seed}", seed)
+                    points.append((row, samples))
+                except Exception as exc:  # one broken point must not end the run
+                    row = {"strategy": strategy, "load": load, "seed": seed,
+                           "failed": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                rows.append(row)
+                print(f"{strategy} @ {load:g}x seed {seed}: " + json.dumps(row.get("classes", row.get("failed"))),
+                      file=sys.stderr)
     good = [r for r in rows if "failed" not in r]
+    pool = pooled(points, args.duration, args.slo_ttft) if len(seeds) > 1 else []
     print(format_table(good, TABLE))
-    summary = verdicts(good, loads, classes)
+    if pool:
+        print(f"pooled over seeds {list(seeds)} (percentiles of every seed's requests together):")
+        print(format_table(pool, TABLE))
+    summary = verdicts(pool or good, loads, classes)
     for line in summary:
         print(line)
     meta = {"endpoints": endpoints, "service_replicas": args.replicas, "capacity_rps": round(capacity, 2),
             "loads": loads, "duration_s": args.duration,
             "slo_ttft_s": args.slo_ttft, "mix": [vars(d) for d in MIX], "class_max_wait_s": classes,
-            "seed": args.seed, "workdir": str(workdir), "command": command_line()}
-    paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "verdicts": summary})]
+            "seed": args.seed, "seeds": list(seeds), "workdir": str(workdir), "command": command_line()}
+    paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "pooled": pool, "verdicts": summary})]
     markdown = (f"## Overload benchmark\n\nCommand: `{meta['command']}`\n\n{json.dumps(meta)}\n\n"
+                + (f"Pooled over seeds {list(seeds)} (percentiles of every seed's requests together):\n\n"
+                   + format_markdown_table(pool, TABLE) + "\n\nPer seed:\n\n" if pool else "")
                 + format_markdown_table(good, TABLE)
                 + "\n\n" + "\n".join(f"- {line}" for line in summary) + "\n")
     paths.append(write_markdown(out / "results.md", markdown))

@@ -151,7 +151,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="seconds of the same load before each measured run, not counted (default 5)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every point with this many seeds (--seed, --seed + 1, ...); reports give the "
-                             "median and the range (default 1)")
+                             "median and the range (overload: the strategies interleaved per seed, and percentiles "
+                             "pooled over every seed's requests) (default 1)")
     parser.add_argument("--replicas", type=int, default=1,
                         help="service processes behind Envoy; with more than one they share a redis-server (limits "
                              "store, in-flight counts, prefix placements) (default 1)")

@@ -34,43 +34,66 @@ EXPIRY_MARGIN_S: Final = 0.05
 # RESERVE_FREED_INTERVAL_S (about an engine step: a pool filling from idle, whose requests all started together,
 # frees none for a whole request's time) and, if a request queued then, until the queue empties (the first
 # completions of an overload's onset must not hand the reserved seats to the lower classes queued meanwhile); or
-# once requests have queued here without a break for SATURATED_AFTER_S (as long as the engine queue
-# `saturation.sustain_ms` asks for by default). Otherwise a held higher class gets the next free seat within about
-# a step, and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
+# once requests have queued here without a break for SATURATED_AFTER_S. That was 1 s until session 11, but a burst
+# at 0.9x drains at a tenth of the pool's rate: the queue lasts up to ~2 s there (virtual time, 15 seeds) while each
+# request waits a few hundred ms, and reserves then (seats kept idle for critical, from 85% of the traffic) made
+# the backlog last longer still (sheddable TTFT p99 540 vs 277 ms without flow control, reports/i13-s11). The
+# verdict must not hang on this replica's own waits: a replica that lifts its reserves takes the seats the others
+# keep, drains its queue first, and stays lifted (3 replicas at an overload that starts from a busy pool: critical
+# p99 640-690 ms vs ~150). Otherwise a held higher class gets a free seat within about a step (see PROMOTE_AFTER_S),
+# and the reserve would only hold lower classes while engines have seats. The rate of freed seats decays
 # over FREED_TAU_S: short, so that the lull after a busy period (its requests done, the new ones not yet) shows
 # within a few steps, before an overload that starts then has filled the seats kept for higher classes. With R
 # service replicas each sees only its own completions, 1/R of them: the window grows R-fold, so that the estimate
 # rests on as many completions as one replica's would (over FREED_TAU_S, a gap of ~160 ms in one replica's own
 # completions, about 1% of its gaps at 0.9x with 3 replicas, read as a slow pool and latched the reserves).
 RESERVE_FREED_INTERVAL_S: Final = 0.05
-SATURATED_AFTER_S: Final = 1.0
+SATURATED_AFTER_S: Final = 3.0
 FREED_TAU_S: Final = 0.1
+# Below saturation a class without a reserve (the top class) queues in arrival order with the others, until its
+# oldest request has waited this long; then it goes first again. Without that, an overload that starts from a busy
+# pool (no onset to latch on) kept critical in line behind the lower classes until the reserves came back (p99
+# ~1 s with them back after a 1 s wait); with it ~160-230 ms (main, always first: 56-180 ms), while at 0.9x the
+# others pay +4% / +1% p99 pooled over 12 seeds for it (0.05 s: +8.5% / +5.8%; reports/i13-s11).
+PROMOTE_AFTER_S: Final = 0.1
+# A request that queues while seats free slower than this fraction of one per RESERVE_FREED_INTERVAL_S (one per
+# 200 ms) latches the reserves until the queue empties: an overload's onset from idle frees none for a whole
+# request's time; a busy pool at 0.9x (~85 seats/s) has short dips below one per 50 ms, and a latch there held the
+# lower classes in strict priority order for the whole burst (session 11, locked bench, 1 replica).
+LATCH_FRACTION: Final = 0.25
 # The reserve of a class whose reserve does not apply now: no seat kept (`LoadModel.capacity` rounds it away), but
 # above 0, so it does not probe past a learned capacity as the top class does.
 _NO_RESERVE: Final = 1e-12
-# While reserves do not apply, the classes that keep one (the lower classes) are peers: they take the same seats, so
-# the queue serves them in arrival order, at the highest priority among them, as the engines' own queues would
-# (a burst at 0.9x then delays each a little instead of the lowest class a lot). A class without a reserve keeps
-# its priority, so it never waits behind a lower one. Priority order between all classes comes back with the
-# reserves: at an overload's onset and once a queue lasts (`_reserving`).
+# While reserves do not apply (the pool is busy, not saturated), the classes are peers: the queue serves them in
+# arrival order, as the engines' own queues would without flow control, so that flow control is invisible below
+# saturation. With critical always first there (sessions 9-10), a 0.9x burst that filled every seat moved critical's
+# wait onto the others: standard TTFT p99 +11% pooled over 12 seeds in virtual time, +53% on one (reports/i13-s11).
+# A top-class request that has waited PROMOTE_AFTER_S goes first; priority order between all classes comes back
+# with the reserves (`_reserving`). So does the fair share between a class's tenants: below saturation a class's
+# requests leave in arrival order too (the fair share let a light standard tenant's new requests go before older
+# sheddable ones, the class being ranked by its oldest: sheddable TTFT p99 +23% pooled over 6 seeds at 0.9x on
+# the locked bench, 1 replica, whose standard class has 4 tenants; reports/i13-s11).
 
 
 def _kept(reserve: float, reserving: bool, queued: bool) -> float:
     """The reserve a class keeps: its own while the pool is saturated, otherwise none (`_NO_RESERVE`). A class
     without one probes past a learned capacity only while nothing waits here: once requests queue, the pool is
-    full as far as the service knows, and a top-class request waits first in line for the pool's next free seat
+    full as far as the service knows, and a top-class request waits in line here for the pool's next free seat
     rather than in one full engine's queue (a probe that lands there waits for that engine's next seat)."""
     if reserve <= 0:
         return _NO_RESERVE if queued else 0.0
     return reserve if reserving else _NO_RESERVE
 
 
-def _levels(config: FlowControlConfig, reserving: bool) -> dict[str, int] | None:
-    """Each class's priority in the queue now: None (their own) while reserves apply, else peers levelled."""
-    lifted = [spec.priority for spec in config.classes.values() if spec.reserve > 0]
-    if reserving or not lifted:
+def _levels(config: FlowControlConfig, reserving: bool, queue: FairQueue[Ticket], now: float
+            ) -> dict[str, int] | None:
+    """Each class's priority in the queue now: None (their own) while reserves apply, else all levelled, except a
+    class without a reserve whose oldest request has waited PROMOTE_AFTER_S (its own priority again)."""
+    if reserving:
         return None
-    return {name: max(lifted) if spec.reserve > 0 else spec.priority for name, spec in config.classes.items()}
+    level = min(spec.priority for spec in config.classes.values())
+    return {name: spec.priority if spec.reserve <= 0 and (oldest := queue.oldest(name)) is not None
+            and now - oldest >= PROMOTE_AFTER_S else level for name, spec in config.classes.items()}
 
 
 @dataclass(slots=True)
@@ -91,7 +114,9 @@ class _Pool:
     freed_per_s: float = 0.0  # routed requests finished per second (decaying over FREED_TAU_S), at freed_at
     freed_at: float = 0.0
     held_since: float = -1.0  # since when requests have been queued here without a break (-1: none queued)
-    latched: bool = False  # a request queued while seats freed slowly: saturated until the queue empties
+    longest_held_s: float = 0.0  # the longest such stretch so far (for /debug/flow)
+    latched: bool = False  # a request queued while seats freed very slowly: saturated until the queue empties
+    reserving: dict[str, int] = field(default_factory=dict)  # decisions taken with the reserves on, by reason
     stale_decisions: int = 0  # offers decided on stale/missing metrics
     classes: dict[str, _ClassStats] = field(default_factory=dict)
 
@@ -165,7 +190,7 @@ class FlowController:
         ticket.cold = room.cold_s > 0
         ticket.arm(self._timer, max(0.0, wait_s - min(EXPIRY_MARGIN_S, 0.1 * wait_s)), self._expire)
         pool.queue.push(ticket)
-        if self._freed_slowly(pool, now):
+        if self._freed_slowly(pool, now, LATCH_FRACTION):
             pool.latched = True
         self._track(pool, now)
         pool.stats(klass).queued += 1
@@ -221,6 +246,8 @@ class FlowController:
     @staticmethod
     def _track(pool: _Pool, now: float) -> None:
         """After the queue changed: since when it has held requests without a break."""
+        if pool.held_since >= 0:
+            pool.longest_held_s = max(pool.longest_held_s, now - pool.held_since)
         if not pool.queue:
             pool.held_since = -1.0
             pool.latched = False
@@ -234,15 +261,19 @@ class FlowController:
         """This replica's rate of freed seats (decaying over FREED_TAU_S per replica)."""
         return pool.freed_per_s * math.exp(-max(0.0, now - pool.freed_at) / self._freed_tau_s())
 
-    def _freed_slowly(self, pool: _Pool, now: float) -> bool:
-        """Seats of the pool free slower than one per RESERVE_FREED_INTERVAL_S, over all service replicas."""
-        return self._freed_per_s(pool, now) * max(1, self.replicas()) * RESERVE_FREED_INTERVAL_S < 1.0
+    def _freed_slowly(self, pool: _Pool, now: float, fraction: float = 1.0) -> bool:
+        """Seats of the pool free slower than `fraction` per RESERVE_FREED_INTERVAL_S, over all service replicas."""
+        return self._freed_per_s(pool, now) * max(1, self.replicas()) * RESERVE_FREED_INTERVAL_S < fraction
 
     def _reserving(self, pool: _Pool, now: float) -> bool:
         """Whether classes keep their reserves now: while the pool is saturated (see RESERVE_FREED_INTERVAL_S),
-        not while seats free often and nothing has queued for long (a busy pool below saturation)."""
-        return (pool.latched or self._freed_slowly(pool, now)
-                or (pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S))
+        not while seats free often and nothing has queued for long (a busy pool below saturation). Counted per
+        reason in `reserving` (/debug/flow)."""
+        reason = ("latched" if pool.latched else "slow" if self._freed_slowly(pool, now)
+                  else "queue" if pool.held_since >= 0 and now - pool.held_since >= SATURATED_AFTER_S else None)
+        if reason is not None:
+            pool.reserving[reason] = pool.reserving.get(reason, 0) + 1
+        return reason is not None
 
     def _ahead(self, pool: _Pool, klass: str, reserve: float, reserving: bool) -> bool:
         """A queued request that must go before a new one of this class (same reserve, higher or equal
@@ -250,7 +281,7 @@ class FlowController:
         if not pool.queue:
             return False
         classes = self.config.classes
-        levels = _levels(self.config, reserving)
+        levels = _levels(self.config, reserving, pool.queue, self._clock())
         priority = classes[klass].priority if levels is None else levels[klass]
         return any(pool.queue.queued(name) and (spec.priority if levels is None else levels[name]) >= priority
                    and _kept(spec.reserve, reserving, True) <= reserve for name, spec in classes.items())
@@ -264,14 +295,14 @@ class FlowController:
         pool.queue.aging_per_s = self.config.aging_per_s
         while granted and pool.queue:
             granted = False
-            for klass in pool.queue.ranked(now, _levels(self.config, reserving)):
+            for klass in pool.queue.ranked(now, _levels(self.config, reserving, pool.queue, now)):
                 spec = self.config.classes.get(klass)
                 reserve = _kept(spec.reserve if spec is not None else 0.0, reserving, True)
                 if reserve not in rooms:
                     rooms[reserve] = self._room(pool_name, now, reserve, math.inf).requests - pool.pending
                 if rooms[reserve] <= 0:
                     continue
-                ticket = pool.queue.pop_class(klass)
+                ticket = pool.queue.pop_class(klass, oldest=not reserving)
                 if ticket is None:
                     continue
                 self._grant(pool, ticket, now)
@@ -323,6 +354,8 @@ class FlowController:
                 "queued": pool.queue.sizes(),
                 "pending_grants": pool.pending,
                 "stale_decisions": pool.stale_decisions,
+                "longest_queue_s": round(pool.longest_held_s, 3),
+                "reserving": dict(pool.reserving),
                 "classes": {
                     klass: {"direct": s.direct, "queued": s.queued, "granted": s.granted, "left": s.left,
                             "rejected": dict(s.rejected), "max_wait_s": round(s.max_wait_s, 4)}

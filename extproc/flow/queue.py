@@ -79,6 +79,12 @@ class FairQueue(Generic[W]):
     def sizes(self) -> dict[str, int]:
         return {name: entry.size for name, entry in self._classes.items()}
 
+    def oldest(self, klass: str | None = None) -> float | None:
+        """When the longest-queued request still here (of `klass`, or of any class) was enqueued (None: none)."""
+        entries = self._classes.values() if klass is None else [e for e in (self._classes.get(klass),) if e]
+        found = [w.enqueued for entry in entries if entry.size and (w := entry.oldest()) is not None]
+        return min(found) if found else None
+
     def push(self, waiter: W) -> None:
         entry = self._classes.get(waiter.klass)
         if entry is None:
@@ -113,12 +119,16 @@ class FairQueue(Generic[W]):
         ranked = self.ranked(now)
         return self.pop_class(ranked[0]) if ranked else None
 
-    def pop_class(self, klass: str) -> W | None:
-        """The next request of `klass`: its least-served backlogged tenant's oldest."""
+    def pop_class(self, klass: str, oldest: bool = False) -> W | None:
+        """The next request of `klass`: its least-served backlogged tenant's oldest (with `oldest`: the class's
+        oldest, whatever its tenant; the counters still count it)."""
         chosen = self._classes.get(klass)
         if chosen is None or not chosen.size:
             return None
-        tenant = min(chosen.tenants, key=lambda t: (chosen.counters.get(t, 0.0), chosen.tenants[t][0].enqueued))
+        if oldest:
+            tenant = min(chosen.tenants, key=lambda t: chosen.tenants[t][0].enqueued)
+        else:
+            tenant = min(chosen.tenants, key=lambda t: (chosen.counters.get(t, 0.0), chosen.tenants[t][0].enqueued))
         waiter = chosen.tenants[tenant].popleft()
         chosen.counters[tenant] = chosen.counters.get(tenant, 0.0) + waiter.tokens / waiter.weight
         self._forget(chosen, tenant, waiter)

@@ -113,7 +113,7 @@ class FlowFleet:
     SCRAPE_S = 0.1
 
     def __init__(self, profile: Profile, engines: int, flow: FlowControlConfig, saturation: SaturationConfig,
-                 seats: int | None, reserves: dict[str, float], *, replicas: int = 1, sync_s: float = 0.02,
+                 seats: int | None, reserves: dict[str, float], *, replicas: int = 1, sync_s: float = 0.01,
                  share: bool = False) -> None:
         self.time = VirtualTime()
         self.profile = profile

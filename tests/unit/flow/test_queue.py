@@ -92,3 +92,15 @@ def test_remove_and_lowest() -> None:
     assert queue.lowest() is c
     assert drain(queue, now=3.0) == [a, c]
     assert len(queue) == 0 and queue.lowest() is None
+
+
+def test_oldest_is_the_enqueue_time_of_the_longest_queued_request_of_a_class_or_of_any() -> None:
+    queue: FairQueue[Waiter] = FairQueue()
+    assert queue.oldest() is None and queue.oldest("a") is None
+    first, second = Waiter("t", "a", 1, 1.0, 1, 5.0, 9.0), Waiter("u", "b", 2, 1.0, 1, 3.0, 9.0)
+    queue.push(first)
+    queue.push(second)
+    queue.push(Waiter("t", "a", 1, 1.0, 1, 7.0, 9.0))
+    assert queue.oldest() == 3.0 and queue.oldest("a") == 5.0 and queue.oldest("c") is None
+    queue.remove(second)
+    assert queue.oldest() == 5.0 and queue.oldest("b") is None

@@ -1,5 +1,5 @@
 """Three service replicas in front of one pool, in virtual time: each with its own flow controller, its own scrapes
-and leases, exchanging in-flight counts every 20 ms (`tests/unit/flow/harness.py`), on the overload benchmark's mix
+and leases, exchanging in-flight counts every 10 ms (`tests/unit/flow/harness.py`), on the overload benchmark's mix
 (`test_overload_priority.py`).
 
 At 0.9x of the fleet's capacity flow control must hold no more than one replica does. Before session 10 each

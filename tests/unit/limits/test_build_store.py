@@ -53,7 +53,7 @@ async def test_slices_by_default(monkeypatch: pytest.MonkeyPatch, limits: dict[s
 
 
 @pytest.mark.parametrize(("limits", "flow", "interval_s"), [
-    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {}, 0.02),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {}, 0.01),
     ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"fleet_sync_ms": 50}, 0.05),
     ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"fleet_sync_ms": 0}, None),
     ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"enabled": False}, None),
