@@ -178,11 +178,13 @@ async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(stack: St
     cpu_per_request = (cpu_seconds(service) - cpu_before) / max(1, sent)
     print(f"\nitem 4: {sent} hostile 3.5 MB bodies, service CPU {cpu_per_request * 1000:.1f} ms per request "
           f"(victims' too), statuses {sorted(set(refused))}")
-    if any(s.status != 200 for s in samples):  # say why: Envoy's ext_proc counters (timeouts, failed streams)
+    if any(s.status != 200 for s in samples) or not set(refused) <= {0, 400, 404, 413, 429}:
+        # say why: Envoy's ext_proc counters (timeouts, failed streams) and the service's front-end errors
         async with http.get(f"{stack.envoy_admin_url}/stats?filter=ext_proc") as response:
             stats = [line for line in (await response.text()).splitlines() if not line.endswith(": 0")]
         raise AssertionError(f"victims {[s.status for s in samples]}; attackers {sorted(set(refused))}; {stats}")
-    assert refused and set(refused) <= {0, 400, 404, 413, 429}, set(refused)
+    assert refused, "no hostile request completed"
+
 
 
 # -- 5. the content guard reads every prompt field, normalised ----------------------------------------------------
