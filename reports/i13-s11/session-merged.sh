@@ -7,3 +7,4 @@ export TREE=$(pwd)
 bash reports/i13-s11/run.sh M-r1-2x --loads 0.7,2 --duration 30 --strategies default
 bash reports/i13-s11/run.sh M-r3-2x --loads 0.7,2 --duration 30 --strategies default --replicas 3
 bash reports/i13-s11/run.sh M-r1-below --loads 0.3,0.6 --duration 30 --strategies default,default+noflow
+TREE=$(pwd) bash reports/i13-s11/run.sh M-r1-below-pooled --loads 0.3,0.6 --duration 20 --repeat 3 --strategies default,default+noflow
