@@ -78,9 +78,10 @@ class PrefixChains:
         chains = self._chains
         known: tuple[int, ...] = ()
         for cut in cuts:
-            found = chains.get(data[:cut])
+            key = data[:cut]
+            found = chains.get(key)
             if found is not None:
-                chains.move_to_end(data[:cut])
+                chains.move_to_end(key)
                 known = found
                 self.hits += 1
                 break
