@@ -9,8 +9,9 @@ whose load is in [C - ceil(0.1 C), C): on, it is dropped; off, kept.
 This runs the issue's workload (8 h100-8b engines, KV 3,615 blocks, 48 x 3,000-token prompts, 300-token questions,
 100 output tokens) through the real scheduler, engines, prefix caches and load model (tests/unit/scheduling/
 fleet_harness.py), 5 s warm-up + 30 s, with the candidate filter on (reserve 0.1, as a standard request with flow
-control on) or off, and reports per seed: TTFT p99, hit rate, capacities learned, and how many requests the filter
-the filter dropped (`dropped`: requests with an endpoint dropped; `diverted`: endpoints dropped that the profile's own saturation filter keeps).
+control on) or off, and reports per seed: TTFT p99, hit rate, capacities learned, and what the filter dropped
+(`dropped`: requests for which it dropped an endpoint; `diverted`: endpoints it dropped that the profile's own
+saturation filter keeps, i.e. where on and off can differ).
 
     PYTHONPATH=. nice -n 10 .venv/bin/python reports/i13-s12/candidates_vt.py [--popularity zipf:1.1] [--rate 60]
         [--reserve 0.1] SEEDS...
@@ -19,12 +20,10 @@ the filter dropped (`dropped`: requests with an endpoint dropped; `diverted`: en
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 from extproc.bench.loadgen import RequestSpec
 from extproc.bench.routing_metrics import kv_blocks_for
 from extproc.bench.routing_workloads import shared_prefix_workload
-from extproc.sim.profile import load_profile
 from tests.unit.scheduling import fleet_harness
 from tests.unit.scheduling.fleet_harness import RoutedFleet
 
@@ -71,7 +70,7 @@ def main() -> None:
             FilteredFleet.reserve = reserve
             fleets: list[FilteredFleet] = []
 
-            def make(*a: object, **k: object) -> FilteredFleet:
+            def make(*a: object, fleets: list[FilteredFleet] = fleets, **k: object) -> FilteredFleet:
                 fleet = FilteredFleet(*a, **k)  # type: ignore[arg-type]
                 fleets.append(fleet)
                 return fleet

@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
         threshold, argv = float(argv[1]), argv[2:]
     for point in argv:
         rows = hops(Path(point))
-        def pct(key: str) -> str:
+        def pct(key: str, rows: list[dict[str, float]] = rows) -> str:
             values = np.asarray([r[key] for r in rows])
             return "/".join(f"{v:.1f}" for v in np.percentile(values, [50, 99]))
         slow = [r for r in rows if r["ttft"] > threshold]
