@@ -72,11 +72,15 @@ def free_port_block(count: int, attempts: int = 200) -> int:
 
 
 def _all_free(ports: Sequence[int]) -> bool:
+    """Whether a server may listen on every one of `ports` now. With SO_REUSEADDR, as the simulator's server binds:
+    the connections a stopped engine closed linger in TIME_WAIT on its port for a minute, and a plain bind fails
+    on that (the ports were never reused in session 12's first run with held ports)."""
     sockets: list[socket.socket] = []
     try:
         for port in ports:
             sock = socket.socket()
             sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
         return True
     except OSError:
