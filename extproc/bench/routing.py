@@ -8,7 +8,8 @@ because a reset clears only the simulator: the service's per-endpoint state (in-
 metrics, the prefix directory) and Envoy's least-request counters and connection pools would carry over from
 the previous point, and a stack is up in a few seconds. Each point runs a short warm-up (not measured), then
 the measured open-loop run. Strategies run one after another at each rate and seed, so that the machine's
-other work affects them alike, in an order rotated from seed to seed.
+other work affects them alike, in an order rotated from seed to seed, on the same engine ports (`Plan.engine_ports`:
+where a new prompt goes on an idle fleet hangs on the endpoints' addresses).
 """
 
 from __future__ import annotations
@@ -87,7 +88,8 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
         shared["limits"] = {"store": "redis", "redis_url": f"redis://127.0.0.1:{port}/0"}
         if plan.fleet_sync_ms is not None:
             shared["flow_control"] = {"fleet_sync_ms": plan.fleet_sync_ms}
-    stack = prepare(workdir, pools, service_replicas=1 if alone else replicas, extra_policy=shared)
+    stack = prepare(workdir, pools, service_replicas=1 if alone else replicas, extra_policy=shared,
+                    engine_ports=plan.engine_ports(seed))
     if not alone:
         _use_profile(stack, pools, strategy)
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, plan.sim_args(seed))

@@ -71,6 +71,34 @@ def free_port_block(count: int, attempts: int = 200) -> int:
     raise RuntimeError(f"no {count} consecutive free ports")
 
 
+def _all_free(ports: Sequence[int]) -> bool:
+    """Whether a server may listen on every one of `ports` now. With SO_REUSEADDR, as the simulator's server binds:
+    the connections a stopped engine closed linger in TIME_WAIT on its port for a minute, and a plain bind fails
+    on that (the ports were never reused in session 12's first run with held ports)."""
+    sockets: list[socket.socket] = []
+    try:
+        for port in ports:
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def held_ports(count: int, previous: Sequence[int] | None = None) -> list[int]:
+    """`previous` again while every one of them is free, else `count` consecutive free ports outside the kernel's
+    ephemeral range (where the outgoing connections made between two stacks do not take them)."""
+    if previous is not None and len(previous) == count and _all_free(previous):
+        return list(previous)
+    base = free_port_block(count)
+    return list(range(base, base + count))
+
+
 @dataclass(frozen=True)
 class SimPool:
     """A pool of simulated vLLM replicas serving one model."""
@@ -175,10 +203,19 @@ async def start_envoy(group: ProcessGroup, stack: Stack, concurrency: int = 1) -
 def prepare(
     workdir: Path, pools: Sequence[SimPool], *, envoy: Mapping[str, Any] | None = None,
     extra_policy: Mapping[str, Any] | None = None, service_replicas: int = 1, service_workers: int = 1,
+    engine_ports: Sequence[int] | None = None,
 ) -> Stack:
-    """Pick ports, write the policy and render Envoy's files (setup-time file I/O, before any child)."""
+    """Pick ports, write the policy and render Envoy's files (setup-time file I/O, before any child).
+    `engine_ports`: the simulated engines' ports, in pool order (see `held_ports`), instead of new ones."""
     workdir.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(sum(p.replicas for p in pools) + 4 + 2 * (service_replicas - 1))
+    engines = sum(p.replicas for p in pools)
+    others = 4 + 2 * (service_replicas - 1)
+    if engine_ports is None:
+        ports = free_ports(engines + others)
+    elif len(engine_ports) != engines:
+        raise ValueError(f"{len(engine_ports)} engine ports for {engines} engines")
+    else:
+        ports = [*engine_ports, *[p for p in free_ports(engines + others) if p not in engine_ports][:others]]
     if service_workers > 1:  # the supervisor's admin port, its workers' right after it
         if service_replicas > 1:
             raise ValueError("a stack runs either several service replicas or one with several workers")

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from extproc.bench import routing, routing_plan
+from extproc.bench import routing, routing_plan, stack
 from extproc.bench.loadgen import RequestSpec
 from extproc.bench.routing_envoy import AFFINITY_HEADER, POOL_HEADER
 from extproc.bench.routing_report import aggregate, series, write_reports
@@ -49,6 +49,19 @@ def test_plan_defaults_and_quick(tmp_path: Path) -> None:
                                             "--strategies", "default,default@3"))
     assert repeated.seeds == (4, 5, 6)
     assert [repeated.service_replicas(s) for s in repeated.strategies] == [2, 3]
+
+
+def test_every_strategy_of_a_seed_runs_on_the_same_engine_ports(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # The prefix scorer's tie-break hashes endpoint addresses: new ports per point placed cold prompts anew.
+    bases = iter(range(20_000, 30_000, 100))
+    monkeypatch.setattr(stack, "free_port_block", lambda count: next(bases))
+    monkeypatch.setattr(stack, "_all_free", lambda ports: True)
+    plan = routing_plan.make_plan(_args(tmp_path, *SMALL, "--repeat", "2", "--endpoints", "4"))
+    assert plan.engine_ports(0) == [20_000, 20_001, 20_002, 20_003] == plan.engine_ports(0)
+    assert plan.engine_ports(1) == [20_100, 20_101, 20_102, 20_103] == plan.engine_ports(1)
+    monkeypatch.setattr(stack, "_all_free", lambda ports: 20_001 not in ports)  # taken meanwhile: new ones
+    assert plan.engine_ports(0) == [20_200, 20_201, 20_202, 20_203]
 
 
 def test_drift_moves_halfway_through_the_measured_run(tmp_path: Path) -> None:
