@@ -108,6 +108,18 @@ class Params:
     split_decay_ms: float = 2000.0  # time constant of the request counts
     split_min_requests: float = 16.0  # a prefix is split only once this many of its requests are counted
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
+    pair_requests: float = 0.0  # EXPERIMENT: a prefix with this many recent requests gets a second home (0: off)
+    pair_decay_ms: float = 10000.0  # EXPERIMENT
+    refresh_ms: float = 0.0  # EXPERIMENT
+    traffic_ms: float = 0.0  # EXPERIMENT
+    pair_every_ms: float = 0.0  # EXPERIMENT
+    pair_whole: bool = False  # EXPERIMENT
+    homed_place: bool = False  # EXPERIMENT
+    pair_load: float = 0.0  # EXPERIMENT
+    horizon_s: float = 0.0  # EXPERIMENT: pair only if every home's KV horizon stays >= this
+    junk_ms: float = 5000.0  # EXPERIMENT
+    resident_ms: float = 10000.0  # EXPERIMENT
+    follow_by: str = "load"  # EXPERIMENT: the key choosing among homes: load | backlog | raw
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -132,6 +144,13 @@ class PrefixAffinityScorer:
         self.directory = PrefixDirectory(params.index_capacity, params.homes)
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
+        self.pairing = PrefixDemand(params.pair_decay_ms / 1000.0, DEMAND_KEPT)
+        self._sent: OrderedDict[tuple[int, str], float] = OrderedDict()
+        self.traffic = PrefillBacklog(params.traffic_ms / 1000.0)
+        self._paired_at = -1e9
+        self._pool_size: int | None = None
+        self.junk = PrefillBacklog(params.junk_ms / 1000.0)
+        self._prefix_tokens: dict[tuple[int, str], float] = {}
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
@@ -142,6 +161,7 @@ class PrefixAffinityScorer:
         """Endpoint indexes, best first: the home, then the spill, then the rest."""
         blocks = request.prefix_blocks
         count = len(endpoints)
+        self._pool_size = len(request.pool) if request.pool else None
         loads = [request.load.requests(e, request.now) for e in endpoints]
         hot = self.params.load_bound * sum(loads) / count + self.params.load_slack
         addresses = [e.address for e in endpoints]
@@ -157,16 +177,51 @@ class PrefixAffinityScorer:
             tokens = [self.backlog.tokens(a, request.now) for a in addresses]
             backlog = [round(t / _BACKLOG_BUCKET) for t in tokens]
             foreign = self._foreign(request, addresses, loads, tokens)
-            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], backlog[i], loads[i],
+            if self.params.homed_place:
+                homed = [round(self.traffic.tokens(a, request.now) / 1000) for a in addresses]
+                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], homed[i], backlog[i],
+                                                            loads[i], -rank[i]))
+            else:
+                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], backlog[i], loads[i],
                                                         -rank[i]))
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
-        if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
+        prefix = blocks[deepest - 1] if deepest else None
+        if self._split(prefix, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
+        if sum(loads) / count >= self.params.pair_load and self._pair(blocks, request.now, depth, near, deepest):
+            if self.params.traffic_ms > 0:
+                traffic = [self.traffic.tokens(a, request.now) for a in addresses]
+                order = sorted(range(count), key=lambda i: (loads[i] > hot, traffic[i], backlog[i], loads[i], -rank[i]))
+            paired = [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
+            if self.params.horizon_s <= 0 or self._roomy(request, endpoints, paired[0], [
+                    i for i in range(count) if depth[i] >= near], deepest):
+                return paired
+            self._paired_at = -1e9
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
-            home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
+            if self.params.follow_by == "backlog":
+                home = min(follow, key=lambda i: (backlog[i], loads[i], -rank[i]))
+            elif self.params.follow_by.startswith("alt"):
+                raw = [self.backlog.tokens(a, request.now) for a in addresses]
+                margin = float(self.params.follow_by[3:] or 0)
+                shallow = min(depth[i] for i in follow)
+                recent = self.directory._blocks.get(blocks[shallow - 1], ())  # most recent last
+                age = {a: n for n, a in enumerate(recent)}
+                least = min(follow, key=lambda i: (age.get(addresses[i], -1), -rank[i]))
+                best = min(follow, key=lambda i: (raw[i], loads[i], -rank[i]))
+                home = least if raw[least] <= raw[best] + margin else best
+                if self.params.refresh_ms > 0 and len(follow) > 1:
+                    sent = [self._sent.get((anchor, addresses[i]), -1e9) for i in follow]
+                    oldest = min(range(len(follow)), key=lambda n: sent[n])
+                    if request.now - sent[oldest] > self.params.refresh_ms / 1000.0:
+                        home = follow[oldest]
+            elif self.params.follow_by == "raw":
+                raw = [self.backlog.tokens(a, request.now) for a in addresses]
+                home = min(follow, key=lambda i: (raw[i], loads[i], -rank[i]))
+            else:
+                home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             order.remove(home)
             order.insert(0, home)
         return order
@@ -215,6 +270,44 @@ class PrefixAffinityScorer:
             return False
         homes = sum(1 for d in depth if d >= near)
         return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
+
+    def _pair(self, blocks: Sequence[int], now: float, depth: list[int], near: int, deepest: int) -> bool:
+        wanted = self.params.pair_requests
+        if wanted <= 0 or not deepest:
+            return False
+        most = 0.0
+        for k in range(max(1, near), deepest + 1):
+            self.pairing.count(blocks[k - 1], now)
+            most = max(most, self.pairing.requests(blocks[k - 1], now))
+        if most < wanted or now - self._paired_at < self.params.pair_every_ms / 1000.0:
+            return False
+        if self.params.pair_whole and self._pool_size is not None and len(depth) < self._pool_size:
+            return False
+        held = self.directory.match(blocks, self.directory._walk(blocks).depths)
+        if sum(1 for d in held.values() if d >= near) < 2:
+            self._paired_at = now
+            return True
+        return False
+
+    def _horizon(self, endpoint: Endpoint, now: float, extra: float) -> float:
+        metrics = endpoint.metrics
+        if metrics is None or metrics.num_gpu_blocks <= 0:
+            return 0.0
+        capacity = metrics.num_gpu_blocks * metrics.block_size
+        window = self.params.resident_ms / 1000.0
+        resident = sum(tokens for (anchor, address), tokens in self._prefix_tokens.items()
+                       if address == endpoint.address and now - self._sent.get((anchor, address), -1e9) <= window)
+        rate = self.junk.tokens(endpoint.address, now) / self.junk.decay_s
+        room = capacity - resident - extra
+        return room / rate if rate > 0 else (float("inf") if room > 0 else 0.0)
+
+    def _roomy(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], target: int, homes: list[int],
+               deepest: int) -> bool:
+        tokens = request.prompt_tokens * deepest / len(request.prefix_blocks)
+        need = self.params.horizon_s
+        if self._horizon(endpoints[target], request.now, tokens) < need:
+            return False
+        return all(self._horizon(endpoints[i], request.now, 0.0) >= need for i in homes)
 
     def _held_hot(self, address: str, hot: bool, now: float) -> bool:
         """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold
@@ -271,8 +364,23 @@ class PrefixAffinityScorer:
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
+        if self.params.refresh_ms > 0:
+            anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
+            self._sent.pop((anchor, endpoint.address), None)
+            self._sent[(anchor, endpoint.address)] = request.now
+            if len(self._sent) > 8192:
+                gone = self._sent.popitem(last=False)[0]
+                self._prefix_tokens.pop(gone, None)
+            if self.params.horizon_s > 0:
+                shared = request.prompt_tokens * held / len(blocks)
+                key = (anchor, endpoint.address)
+                self._prefix_tokens[key] = max(shared, self._prefix_tokens.get(key, 0.0) if held else shared)
+                fresh_tokens = request.prompt_tokens * (1.0 - held / len(blocks))
+                self.junk.add(endpoint.address, fresh_tokens + (request.max_output_tokens or 0), request.now)
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
+        if self.params.traffic_ms > 0 and held == 0:
+            self.traffic.add(endpoint.address, request.prompt_tokens, request.now)
         if self._outbox is not None and fresh:
             self._outbox.append((endpoint.address, fresh))
             if len(self._outbox) > _OUTBOX_LIMIT:
