@@ -59,6 +59,7 @@ from extproc.scheduling.framework import SchedulingRequest
 from extproc.scheduling.prefix import rendezvous
 from extproc.scheduling.prefix_demand import PrefixDemand
 from extproc.scheduling.prefix_directory import PrefillBacklog, PrefixDirectory
+from extproc.scheduling.prefix_pairs import PrefixPairs
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "prefix-affinity-scorer"
@@ -108,18 +109,15 @@ class Params:
     split_decay_ms: float = 2000.0  # time constant of the request counts
     split_min_requests: float = 16.0  # a prefix is split only once this many of its requests are counted
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
-    pair_requests: float = 0.0  # EXPERIMENT: a prefix with this many recent requests gets a second home (0: off)
-    pair_decay_ms: float = 10000.0  # EXPERIMENT
-    refresh_ms: float = 0.0  # EXPERIMENT
-    traffic_ms: float = 0.0  # EXPERIMENT
-    pair_every_ms: float = 0.0  # EXPERIMENT
-    pair_whole: bool = False  # EXPERIMENT
-    homed_place: bool = False  # EXPERIMENT
-    pair_load: float = 0.0  # EXPERIMENT
-    horizon_s: float = 0.0  # EXPERIMENT: pair only if every home's KV horizon stays >= this
-    junk_ms: float = 5000.0  # EXPERIMENT
-    resident_ms: float = 10000.0  # EXPERIMENT
-    follow_by: str = "load"  # EXPERIMENT: the key choosing among homes: load | backlog | raw
+    # Second homes (0: off; see 4. in the module docstring): a prefix whose chain's last blocks drew this many
+    # recent requests (decaying with pair_decay_ms) while the pool's average load is at least pair_load requests
+    # gets a second home, at most one new one per pair_every_ms; a home of a paired prefix not sent its prompt family
+    # for pair_refresh_ms gets the next request.
+    pair_requests: float = 0.0
+    pair_decay_ms: float = 10000.0
+    pair_load: float = 6.0
+    pair_every_ms: float = 50.0
+    pair_refresh_ms: float = 2500.0
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -133,6 +131,10 @@ class Params:
             raise ValueError("spill_score must be in [0, 1]")
         if self.split_share < 0.0 or self.split_decay_ms <= 0.0 or self.split_min_requests < 0.0:
             raise ValueError("split_share and split_min_requests must be >= 0, split_decay_ms > 0")
+        if min(self.pair_requests, self.pair_load, self.pair_every_ms, self.pair_refresh_ms) < 0.0 or (
+                self.pair_decay_ms <= 0.0):
+            raise ValueError("pair_requests, pair_load, pair_every_ms and pair_refresh_ms must be >= 0, "
+                             "pair_decay_ms > 0")
 
 
 class PrefixAffinityScorer:
@@ -144,13 +146,8 @@ class PrefixAffinityScorer:
         self.directory = PrefixDirectory(params.index_capacity, params.homes)
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
-        self.pairing = PrefixDemand(params.pair_decay_ms / 1000.0, DEMAND_KEPT)
-        self._sent: OrderedDict[tuple[int, str], float] = OrderedDict()
-        self.traffic = PrefillBacklog(params.traffic_ms / 1000.0)
-        self._paired_at = -1e9
-        self._pool_size: int | None = None
-        self.junk = PrefillBacklog(params.junk_ms / 1000.0)
-        self._prefix_tokens: dict[tuple[int, str], float] = {}
+        self.pairs = PrefixPairs(params.pair_requests, params.pair_decay_ms / 1000.0, params.pair_every_ms / 1000.0,
+                                 params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
@@ -161,7 +158,6 @@ class PrefixAffinityScorer:
         """Endpoint indexes, best first: the home, then the spill, then the rest."""
         blocks = request.prefix_blocks
         count = len(endpoints)
-        self._pool_size = len(request.pool) if request.pool else None
         loads = [request.load.requests(e, request.now) for e in endpoints]
         hot = self.params.load_bound * sum(loads) / count + self.params.load_slack
         addresses = [e.address for e in endpoints]
@@ -177,51 +173,25 @@ class PrefixAffinityScorer:
             tokens = [self.backlog.tokens(a, request.now) for a in addresses]
             backlog = [round(t / _BACKLOG_BUCKET) for t in tokens]
             foreign = self._foreign(request, addresses, loads, tokens)
-            if self.params.homed_place:
-                homed = [round(self.traffic.tokens(a, request.now) / 1000) for a in addresses]
-                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], homed[i], backlog[i],
-                                                            loads[i], -rank[i]))
-            else:
-                order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], backlog[i], loads[i],
+            order = sorted(range(count), key=lambda i: (loads[i] > hot, -depth[i], foreign[i], backlog[i], loads[i],
                                                         -rank[i]))
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
-        prefix = blocks[deepest - 1] if deepest else None
-        if self._split(prefix, request.now, depth, near):
+        if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
-        if sum(loads) / count >= self.params.pair_load and self._pair(blocks, request.now, depth, near, deepest):
-            if self.params.traffic_ms > 0:
-                traffic = [self.traffic.tokens(a, request.now) for a in addresses]
-                order = sorted(range(count), key=lambda i: (loads[i] > hot, traffic[i], backlog[i], loads[i], -rank[i]))
-            paired = [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
-            if self.params.horizon_s <= 0 or self._roomy(request, endpoints, paired[0], [
-                    i for i in range(count) if depth[i] >= near], deepest):
-                return paired
-            self._paired_at = -1e9
+        pairs = self.pairs
+        if pairs is not None and deepest and sum(loads) / count >= self.params.pair_load and self._pair(
+                pairs, blocks, request.now, near, deepest):
+            homed = [pairs.homed(a, request.now) for a in addresses]
+            order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
+            return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
-            if self.params.follow_by == "backlog":
-                home = min(follow, key=lambda i: (backlog[i], loads[i], -rank[i]))
-            elif self.params.follow_by.startswith("alt"):
-                raw = [self.backlog.tokens(a, request.now) for a in addresses]
-                margin = float(self.params.follow_by[3:] or 0)
-                shallow = min(depth[i] for i in follow)
-                recent = self.directory._blocks.get(blocks[shallow - 1], ())  # most recent last
-                age = {a: n for n, a in enumerate(recent)}
-                least = min(follow, key=lambda i: (age.get(addresses[i], -1), -rank[i]))
-                best = min(follow, key=lambda i: (raw[i], loads[i], -rank[i]))
-                home = least if raw[least] <= raw[best] + margin else best
-                if self.params.refresh_ms > 0 and len(follow) > 1:
-                    sent = [self._sent.get((anchor, addresses[i]), -1e9) for i in follow]
-                    oldest = min(range(len(follow)), key=lambda n: sent[n])
-                    if request.now - sent[oldest] > self.params.refresh_ms / 1000.0:
-                        home = follow[oldest]
-            elif self.params.follow_by == "raw":
-                raw = [self.backlog.tokens(a, request.now) for a in addresses]
-                home = min(follow, key=lambda i: (raw[i], loads[i], -rank[i]))
-            else:
+            if pairs is None:
                 home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
+            else:
+                home = self._pick_home(pairs, request, follow, addresses, depth, loads, rank, anchor)
             order.remove(home)
             order.insert(0, home)
         return order
@@ -271,43 +241,32 @@ class PrefixAffinityScorer:
         homes = sum(1 for d in depth if d >= near)
         return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
 
-    def _pair(self, blocks: Sequence[int], now: float, depth: list[int], near: int, deepest: int) -> bool:
-        wanted = self.params.pair_requests
-        if wanted <= 0 or not deepest:
+    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int) -> bool:
+        """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
+        is due now: the prefix is busy and fewer than two endpoints of the whole pool hold it (the candidates may
+        lack a saturated home, which must not make a third)."""
+        if not pairs.count(blocks[max(1, near) - 1:deepest], now):
             return False
-        most = 0.0
-        for k in range(max(1, near), deepest + 1):
-            self.pairing.count(blocks[k - 1], now)
-            most = max(most, self.pairing.requests(blocks[k - 1], now))
-        if most < wanted or now - self._paired_at < self.params.pair_every_ms / 1000.0:
+        if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
             return False
-        if self.params.pair_whole and self._pool_size is not None and len(depth) < self._pool_size:
-            return False
-        held = self.directory.match(blocks, self.directory._walk(blocks).depths)
-        if sum(1 for d in held.values() if d >= near) < 2:
-            self._paired_at = now
-            return True
-        return False
+        pairs.paired(now)
+        return True
 
-    def _horizon(self, endpoint: Endpoint, now: float, extra: float) -> float:
-        metrics = endpoint.metrics
-        if metrics is None or metrics.num_gpu_blocks <= 0:
-            return 0.0
-        capacity = metrics.num_gpu_blocks * metrics.block_size
-        window = self.params.resident_ms / 1000.0
-        resident = sum(tokens for (anchor, address), tokens in self._prefix_tokens.items()
-                       if address == endpoint.address and now - self._sent.get((anchor, address), -1e9) <= window)
-        rate = self.junk.tokens(endpoint.address, now) / self.junk.decay_s
-        room = capacity - resident - extra
-        return room / rate if rate > 0 else (float("inf") if room > 0 else 0.0)
-
-    def _roomy(self, request: SchedulingRequest, endpoints: Sequence[Endpoint], target: int, homes: list[int],
-               deepest: int) -> bool:
-        tokens = request.prompt_tokens * deepest / len(request.prefix_blocks)
-        need = self.params.horizon_s
-        if self._horizon(endpoints[target], request.now, tokens) < need:
-            return False
-        return all(self._horizon(endpoints[i], request.now, 0.0) >= need for i in homes)
+    def _pick_home(self, pairs: PrefixPairs, request: SchedulingRequest, follow: list[int], addresses: list[str],
+                   depth: list[int], loads: list[float], rank: list[int], anchor: int) -> int:
+        """With second homes on: among the homes to follow, the one with the least prefill backlog (not rounded:
+        two homes of a prefix differ by a question or two), the least recently sent this prefix on a tie; but a
+        home not sent its prompt family for `pair_refresh_ms` first, so that the engine keeps it cached."""
+        if len(follow) > 1:
+            stale = pairs.stalest(anchor, [addresses[i] for i in follow], request.now)
+            if stale is not None:
+                return follow[stale]
+        tokens = [self.backlog.tokens(a, request.now) for a in addresses]
+        recent = self.directory.homes_of(request.prefix_blocks[min(depth[i] for i in follow) - 1])
+        age = {a: n for n, a in enumerate(recent)}  # most recent last
+        least = min(follow, key=lambda i: (age.get(addresses[i], -1), -rank[i]))
+        best = min(follow, key=lambda i: (tokens[i], loads[i], -rank[i]))
+        return least if tokens[least] <= tokens[best] else best
 
     def _held_hot(self, address: str, hot: bool, now: float) -> bool:
         """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold
@@ -364,23 +323,11 @@ class PrefixAffinityScorer:
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
-        if self.params.refresh_ms > 0:
+        if self.pairs is not None:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-            self._sent.pop((anchor, endpoint.address), None)
-            self._sent[(anchor, endpoint.address)] = request.now
-            if len(self._sent) > 8192:
-                gone = self._sent.popitem(last=False)[0]
-                self._prefix_tokens.pop(gone, None)
-            if self.params.horizon_s > 0:
-                shared = request.prompt_tokens * held / len(blocks)
-                key = (anchor, endpoint.address)
-                self._prefix_tokens[key] = max(shared, self._prefix_tokens.get(key, 0.0) if held else shared)
-                fresh_tokens = request.prompt_tokens * (1.0 - held / len(blocks))
-                self.junk.add(endpoint.address, fresh_tokens + (request.max_output_tokens or 0), request.now)
+            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
-        if self.params.traffic_ms > 0 and held == 0:
-            self.traffic.add(endpoint.address, request.prompt_tokens, request.now)
         if self._outbox is not None and fresh:
             self._outbox.append((endpoint.address, fresh))
             if len(self._outbox) > _OUTBOX_LIMIT:
