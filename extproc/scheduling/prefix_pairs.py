@@ -29,7 +29,7 @@ SENT_KEPT = 8192  # (anchor, endpoint) pairs whose last send is remembered (leas
 
 
 class PrefixPairs:
-    __slots__ = ("_counts", "_homed", "_paired_at", "_sent", "every_s", "refresh_s", "wanted")
+    __slots__ = ("_counts", "_ends", "_homed", "_paired_at", "_sent", "every_s", "refresh_s", "wanted")
 
     def __init__(self, wanted: float, decay_s: float, every_s: float, refresh_s: float, capacity: int) -> None:
         self.wanted = wanted
@@ -39,17 +39,26 @@ class PrefixPairs:
         self._homed = PrefillBacklog(HOMED_DECAY_S)
         self._sent: OrderedDict[tuple[int, str], float] = OrderedDict()
         self._paired_at = -float("inf")
+        self._ends: OrderedDict[int, None] = OrderedDict()
 
     def count(self, keys: Sequence[int], now: float) -> bool:
         """Count one request whose deepest known prefix ends at one of `keys` (the last blocks of its chain that
         its homes hold, so that requests differing by a first word of their question count for the same prefix);
         whether a second home is due: one of them reached `wanted` requests and none was placed within
         `every_s`."""
+        if keys and keys[-1] in self._ends:
+            return False
         most = 0.0
         for key in keys:
             self._counts.count(key, now)
             most = max(most, self._counts.requests(key, now))
         return most >= self.wanted and now - self._paired_at >= self.every_s
+
+    def ends(self, key: int) -> None:
+        self._ends.pop(key, None)
+        self._ends[key] = None
+        if len(self._ends) > SENT_KEPT:
+            self._ends.popitem(last=False)
 
     def paired(self, now: float) -> None:
         """A second home was placed now."""

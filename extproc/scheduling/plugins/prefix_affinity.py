@@ -180,8 +180,8 @@ class PrefixAffinityScorer:
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         pairs = self.pairs
-        if pairs is not None and deepest and sum(loads) / count >= self.params.pair_load and self._pair(
-                pairs, blocks, request.now, near, deepest):
+        if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest,
+                                                        sum(loads) / count >= self.params.pair_load):
             homed = [pairs.homed(a, request.now) for a in addresses]
             order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
@@ -241,11 +241,12 @@ class PrefixAffinityScorer:
         homes = sum(1 for d in depth if d >= near)
         return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
 
-    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int) -> bool:
+    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int,
+              busy: bool) -> bool:
         """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
         is due now: the prefix is busy and fewer than two endpoints of the whole pool hold it (the candidates may
         lack a saturated home, which must not make a third)."""
-        if not pairs.count(blocks[max(1, near) - 1:deepest], now):
+        if not pairs.count(blocks[max(1, near) - 1:deepest], now) or not busy:
             return False
         if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
             return False
@@ -326,6 +327,7 @@ class PrefixAffinityScorer:
         if self.pairs is not None:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
             self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
+            self.pairs.ends(blocks[-1])
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:
