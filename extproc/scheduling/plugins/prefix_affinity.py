@@ -38,6 +38,18 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    and Zipf 1.1 at 40% load, real runs, 2 seeds, on vs off in the same run: TTFT p90 54.1 vs 59.1 and 51.4 vs
    53.5 ms, p99 247.5 vs 252.5 and 242.0 vs 240.6 ms, hit rate 0.8868 vs 0.8883 and 0.8923 vs 0.8917;
    reports/routing-s9/drift). Uniform popularity, multi-turn and mixed workloads never have such a prefix.
+4. Second homes (`pair_requests`, off unless a policy sets it; state in `extproc.scheduling.prefix_pairs`): while
+   the pool's average load is at least `pair_load`, a prefix that a second request branches off (not a
+   conversation's next turn, which replays an earlier prompt whole) gets a second home, placed as in 2 on the
+   endpoint holding the fewest prompt tokens of prefixes placed there; its requests then go to the home with the
+   least prefill backlog (power of two choices), and a home not sent its prompt family for `pair_refresh_ms`
+   gets the next one, so that its engine keeps it cached. It takes the Poisson bunching of new prompts on one
+   engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs, 2 seeds, same
+   run: TTFT p90 43.5 vs 55.1 ms (sglang-router 53.85), p99 66.95 vs 77.75 (75.5), hit 0.9035 vs 0.9063;
+   reports/i15-s12/u80b). It is off by default because a second copy of every busy prefix costs KV that
+   workloads with cache pressure do not have (same runs, medians: mixed 80% p90 257.05 vs 146.9 ms, sglang-router
+   177.3, hit 0.628 vs 0.7455; Zipf 1.1 80% p90 67.3 vs 56.05, p99 267.1 vs 166.4; reports/i15-s12/mixed80,
+   zipf80): a gate on the KV room has still to be found (reports/i15-s12/README.md).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
