@@ -256,8 +256,8 @@ class PrefixAffinityScorer:
     def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int,
               busy: bool) -> bool:
         """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
-        is due now: the prefix is busy and fewer than two endpoints of the whole pool hold it (the candidates may
-        lack a saturated home, which must not make a third)."""
+        is due now: the prefix is asked often enough, the pool is `busy`, and fewer than two endpoints of the whole
+        pool hold it (the candidates may lack a saturated home, which must not make a third)."""
         if not pairs.count(blocks[max(1, near) - 1:deepest], now) or not busy:
             return False
         if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
