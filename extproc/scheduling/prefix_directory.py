@@ -131,6 +131,14 @@ class PrefixDirectory:
         another replica (every `share_every`-th block and the last)."""
         return (depth - 1) // self.share_every * self.share_every
 
+    def depths(self, blocks: Sequence[int]) -> dict[str, int]:
+        """`match` over every endpoint the directory knows (not only the present ones)."""
+        return dict(self._walk(blocks).depths)
+
+    def homes_of(self, block: int) -> tuple[str, ...]:
+        """The endpoints `block` was sent to, the most recently sent last (without refreshing its recency)."""
+        return self._blocks.get(block, ())
+
     def holders(self, blocks: Sequence[int], limit: int) -> list[str]:
         """Up to `limit` endpoints holding some prefix of `blocks`, the deepest holders first (for a large pool,
         without naming every endpoint as `match` does)."""

@@ -38,6 +38,18 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    and Zipf 1.1 at 40% load, real runs, 2 seeds, on vs off in the same run: TTFT p90 54.1 vs 59.1 and 51.4 vs
    53.5 ms, p99 247.5 vs 252.5 and 242.0 vs 240.6 ms, hit rate 0.8868 vs 0.8883 and 0.8923 vs 0.8917;
    reports/routing-s9/drift). Uniform popularity, multi-turn and mixed workloads never have such a prefix.
+4. Second homes (`pair_requests`, off unless a policy sets it; state in `extproc.scheduling.prefix_pairs`): while
+   the pool's average load is at least `pair_load`, a prefix that a second request branches off (not a
+   conversation's next turn, which replays an earlier prompt whole) gets a second home, placed as in 2 on the
+   endpoint holding the fewest prompt tokens of prefixes placed there; its requests then go to the home with the
+   least prefill backlog (power of two choices), and a home not sent its prompt family for `pair_refresh_ms`
+   gets the next one, so that its engine keeps it cached. It takes the Poisson bunching of new prompts on one
+   engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs, 2 seeds, same
+   run: TTFT p90 43.5 vs 55.1 ms (sglang-router 53.85), p99 66.95 vs 77.75 (75.5), hit 0.9035 vs 0.9063;
+   reports/i15-s12/u80b). It is off by default because a second copy of every busy prefix costs KV that
+   workloads with cache pressure do not have (same runs, medians: mixed 80% p90 257.05 vs 146.9 ms, sglang-router
+   177.3, hit 0.628 vs 0.7455; Zipf 1.1 80% p90 67.3 vs 56.05, p99 267.1 vs 166.4; reports/i15-s12/mixed80,
+   zipf80): a gate on the KV room has still to be found (reports/i15-s12/README.md).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
@@ -59,6 +71,7 @@ from extproc.scheduling.framework import SchedulingRequest
 from extproc.scheduling.prefix import rendezvous
 from extproc.scheduling.prefix_demand import PrefixDemand
 from extproc.scheduling.prefix_directory import PrefillBacklog, PrefixDirectory
+from extproc.scheduling.prefix_pairs import PrefixPairs
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "prefix-affinity-scorer"
@@ -108,6 +121,15 @@ class Params:
     split_decay_ms: float = 2000.0  # time constant of the request counts
     split_min_requests: float = 16.0  # a prefix is split only once this many of its requests are counted
     min_blocks: int = 1  # prompts shorter than this many blocks get no affinity
+    # Second homes (0: off; see 4. in the module docstring): a prefix whose chain's last blocks drew this many
+    # recent requests (decaying with pair_decay_ms) while the pool's average load is at least pair_load requests
+    # gets a second home, at most one new one per pair_every_ms; a home of a paired prefix not sent its prompt family
+    # for pair_refresh_ms gets the next request.
+    pair_requests: float = 0.0
+    pair_decay_ms: float = 10000.0
+    pair_load: float = 6.0
+    pair_every_ms: float = 50.0
+    pair_refresh_ms: float = 2500.0
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -121,6 +143,10 @@ class Params:
             raise ValueError("spill_score must be in [0, 1]")
         if self.split_share < 0.0 or self.split_decay_ms <= 0.0 or self.split_min_requests < 0.0:
             raise ValueError("split_share and split_min_requests must be >= 0, split_decay_ms > 0")
+        if min(self.pair_requests, self.pair_load, self.pair_every_ms, self.pair_refresh_ms) < 0.0 or (
+                self.pair_decay_ms <= 0.0):
+            raise ValueError("pair_requests, pair_load, pair_every_ms and pair_refresh_ms must be >= 0, "
+                             "pair_decay_ms > 0")
 
 
 class PrefixAffinityScorer:
@@ -132,6 +158,8 @@ class PrefixAffinityScorer:
         self.directory = PrefixDirectory(params.index_capacity, params.homes)
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
+        self.pairs = PrefixPairs(params.pair_requests, params.pair_decay_ms / 1000.0, params.pair_every_ms / 1000.0,
+                                 params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
@@ -163,10 +191,19 @@ class PrefixAffinityScorer:
         near = deepest - self.directory.share_every + 1
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
+        pairs = self.pairs
+        if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest,
+                                                        sum(loads) / count >= self.params.pair_load):
+            homed = [pairs.homed(a, request.now) for a in addresses]
+            order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
+            return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
-            home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
+            if pairs is None:
+                home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
+            else:
+                home = self._pick_home(pairs, request, follow, addresses, depth, loads, rank, anchor)
             order.remove(home)
             order.insert(0, home)
         return order
@@ -215,6 +252,34 @@ class PrefixAffinityScorer:
             return False
         homes = sum(1 for d in depth if d >= near)
         return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
+
+    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int,
+              busy: bool) -> bool:
+        """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
+        is due now: the prefix is asked often enough, the pool is `busy`, and fewer than two endpoints of the whole
+        pool hold it (the candidates may lack a saturated home, which must not make a third)."""
+        if not pairs.count(blocks[max(1, near) - 1:deepest], now) or not busy:
+            return False
+        if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
+            return False
+        pairs.paired(now)
+        return True
+
+    def _pick_home(self, pairs: PrefixPairs, request: SchedulingRequest, follow: list[int], addresses: list[str],
+                   depth: list[int], loads: list[float], rank: list[int], anchor: int) -> int:
+        """With second homes on: among the homes to follow, the one with the least prefill backlog (not rounded:
+        two homes of a prefix differ by a question or two), the least recently sent this prefix on a tie; but a
+        home not sent its prompt family for `pair_refresh_ms` first, so that the engine keeps it cached."""
+        if len(follow) > 1:
+            stale = pairs.stalest(anchor, [addresses[i] for i in follow], request.now)
+            if stale is not None:
+                return follow[stale]
+        tokens = [self.backlog.tokens(a, request.now) for a in addresses]
+        recent = self.directory.homes_of(request.prefix_blocks[min(depth[i] for i in follow) - 1])
+        age = {a: n for n, a in enumerate(recent)}  # most recent last
+        least = min(follow, key=lambda i: (age.get(addresses[i], -1), -rank[i]))
+        best = min(follow, key=lambda i: (tokens[i], loads[i], -rank[i]))
+        return least if tokens[least] <= tokens[best] else best
 
     def _held_hot(self, address: str, hot: bool, now: float) -> bool:
         """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold
@@ -271,6 +336,10 @@ class PrefixAffinityScorer:
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
+        if self.pairs is not None:
+            anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
+            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
+            self.pairs.ends(blocks[-1])
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:

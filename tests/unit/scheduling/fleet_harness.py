@@ -45,6 +45,7 @@ class Result:
     prompt_tokens: int = 0
     requests: list[int] = field(default_factory=list)  # measured requests per endpoint
     homes: dict[str, set[int]] = field(default_factory=dict)  # label "group" -> endpoints it was sent to
+    cold: int = 0  # measured requests that found less than half of their prompt cached
 
     @property
     def hit_rate(self) -> float:
@@ -93,6 +94,7 @@ class RoutedFleet:
         steps = node.engine.counters.histograms["vllm:iteration_tokens_total"]
         metrics = EndpointMetrics(scraped_at=self.time.now, running=gauges.running, waiting=gauges.waiting,
                                   kv_usage=gauges.kv_usage, preemptions=node.engine.counters.preemptions,
+                                  block_size=gauges.block_size, num_gpu_blocks=gauges.num_gpu_blocks,
                                   step_tokens_buckets=tuple((float(b), float(c)) for b, c in steps.cumulative()))
         node.endpoint.scraped(metrics, node.endpoint.in_flight, SaturationConfig())
         self.time.call_later(SCRAPE_S, lambda: self._scrape(node))
@@ -126,6 +128,7 @@ class RoutedFleet:
                 if measured:
                     self.result.ttft_s.append(done.first_token_at - offered)
                     self.result.hit_tokens += done.cached_tokens
+                    self.result.cold += 2 * done.cached_tokens < len(done.prompt_ids)
                     self.result.prompt_tokens += len(done.prompt_ids)
 
         generation.on_progress = progress
