@@ -56,31 +56,23 @@ def free_port_block(count: int, attempts: int = 200) -> int:
     for _ in range(attempts):
         span_low, span_high = chooser.choice(spans)
         base = chooser.randint(span_low, span_high)
-        sockets: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket()
-                sockets.append(sock)
-                sock.bind(("127.0.0.1", port))
+        if _all_free(range(base, base + count), reuse_address=False):
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in sockets:
-                sock.close()
     raise RuntimeError(f"no {count} consecutive free ports")
 
 
-def _all_free(ports: Sequence[int]) -> bool:
-    """Whether a server may listen on every one of `ports` now. With SO_REUSEADDR, as the simulator's server binds:
-    the connections a stopped engine closed linger in TIME_WAIT on its port for a minute, and a plain bind fails
-    on that (the ports were never reused in session 12's first run with held ports)."""
+def _all_free(ports: Sequence[int], reuse_address: bool = True) -> bool:
+    """Whether a server may listen on every one of `ports` now. `reuse_address` (SO_REUSEADDR, as the simulator's
+    server binds): the connections a stopped engine closed linger in TIME_WAIT on its port for a minute, and a
+    plain bind fails on that (the ports were never reused in session 12's first run with held ports); without it,
+    for ports never used yet, also none in TIME_WAIT."""
     sockets: list[socket.socket] = []
     try:
         for port in ports:
             sock = socket.socket()
             sockets.append(sock)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if reuse_address:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind(("127.0.0.1", port))
         return True
     except OSError:
