@@ -35,9 +35,10 @@ from extproc.tenants import ANONYMOUS, Tenant
 __all__ = ["TenantGate", "parse_budget_exceeded"]
 
 _MAX_TRACKED = 4096  # tenants with state before idle ones are dropped
-# Loop seconds per body byte before any large body was measured: ~35 ms for a 3.5 MB body of tiny messages on a
-# whole core (decode and resolve, measured 16-34 ms); learned from bodies of LEARN_BYTES and more.
-DEFAULT_SECONDS_PER_BYTE = 10e-9
+# Loop seconds per body byte before any large body was measured: a 3.5 MB body of tiny messages at ~105 ms, its
+# cost on about a third of a core (~35 ms on a whole one: decode and resolve, measured 16-34 ms), so that the first
+# flood after a start is not let in at a whole core's estimate; learned from bodies of LEARN_BYTES and more.
+DEFAULT_SECONDS_PER_BYTE = 30e-9
 LEARN_BYTES = 64 * 1024
 _LEARN_WEIGHT = 0.2  # of the latest large body in the moving average
 

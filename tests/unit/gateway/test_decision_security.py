@@ -168,9 +168,9 @@ def test_parse_budget_counts_the_time_a_decision_holds_the_loop(tmp_path: Path,
 
 
 def test_declared_bodies_are_charged_at_the_headers_and_given_back_if_none_is_decided(tmp_path: Path) -> None:
-    # 100 ms/s, a 200 ms bucket; a 3 MB body is reckoned at 30 ms (10 ns a byte until large bodies were measured).
+    # 100 ms/s, a 200 ms bucket; a 1 MB body is reckoned at 30 ms (30 ns a byte until large bodies were measured).
     gateway, _ = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200}\n")
-    large = {"content-length": "3000000"}
+    large = {"content-length": "1000000"}
     waiting = []
     for _ in range(7):  # concurrent uploads: 7 x 30 ms reserved while the bucket is not yet below 0
         exchange, early = gateway.headers(head("k-chat-only", **large))
@@ -192,7 +192,7 @@ def test_declared_bodies_are_charged_at_the_headers_and_given_back_if_none_is_de
 def test_a_decision_is_not_refused_for_its_own_reservation(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200, "
                                 "max_body_bytes: 33554432}\n")
-    exchange, early = gateway.headers(head("k-chat-only", **{"content-length": "25000000"}))  # 250 ms reserved
+    exchange, early = gateway.headers(head("k-chat-only", **{"content-length": "25000000"}))  # 750 ms reserved
     assert early is None
     assert isinstance(gateway.body(exchange, chat()), Route)  # its real cost replaced the reservation
     gateway.finish(exchange)
@@ -205,7 +205,7 @@ def test_the_cost_of_a_body_byte_is_learned_from_large_bodies(tmp_path: Path, mo
                                      "decision_cpu_ms: 0}\n")
 
     def slow(*args: Any, **kwargs: Any) -> Any:
-        clocks.now += 0.1  # 100 ms for a 100 KB body: 1 us a byte, 100 x the first guess
+        clocks.now += 0.1  # 100 ms for a 100 KB body: 1 us a byte, 33 x the first guess
         return parse_document(*args, **kwargs)
 
     monkeypatch.setattr(resolve, "parse_document", slow)
@@ -214,7 +214,7 @@ def test_the_cost_of_a_body_byte_is_learned_from_large_bodies(tmp_path: Path, mo
     gateway.finish(exchange)
     clocks.now += 10.0  # every bucket full again
     _, early = gateway.headers(head("k-chat-only", **{"content-length": "1200000"}))
-    assert early is None  # charged 1.2 MB x (0.2 x 1 us + 0.8 x 10 ns) = ~250 ms: the bucket is now below 0
+    assert early is None  # charged 1.2 MB x (0.2 x 1 us + 0.8 x 30 ns) = ~269 ms: the bucket is now below 0
     _, early = gateway.headers(head("k-chat-only", **{"content-length": "1000"}))
     assert status(early) == (429, "processing_budget_exceeded")
 
@@ -222,7 +222,7 @@ def test_the_cost_of_a_body_byte_is_learned_from_large_bodies(tmp_path: Path, mo
 def test_explain_spends_no_parse_budget(tmp_path: Path) -> None:
     gateway, _ = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200}\n")
     for _ in range(10):
-        gateway.gateway.explain(head("k-chat-only", **{"content-length": "3000000"}), chat())
+        gateway.gateway.explain(head("k-chat-only", **{"content-length": "1000000"}), chat())
     _, early = gateway.headers(head("k-chat-only"))
     assert early is None
 
