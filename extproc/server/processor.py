@@ -293,11 +293,8 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._large_bodies = asyncio.Lock()  # see _LARGE_BODY
 
     @contextlib.asynccontextmanager
-    async def _turn(self, large: bool) -> AsyncIterator[None]:
+    async def _turn(self) -> AsyncIterator[None]:
         """A large body's turn: alone, and behind what became ready meanwhile (the lock wakes waiters in order)."""
-        if not large:
-            yield
-            return
         async with self._large_bodies:
             await asyncio.sleep(0)
             yield
@@ -330,12 +327,14 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                 if message is EOF:
                     return
                 phase = message.WhichOneof("request")
-                large = phase == "request_body" and stream.large_body(message.request_body.body)
                 started = cpu()
                 used = 0.0
                 try:
-                    async with self._turn(large):
-                        started = cpu()
+                    if phase == "request_body" and stream.large_body(message.request_body.body):
+                        async with self._turn():
+                            started = cpu()
+                            response = stream.handle(message, phase)
+                    else:
                         response = stream.handle(message, phase)
                     while isinstance(response, AdmitRequest | Ticket):
                         used += cpu() - started
