@@ -8,7 +8,7 @@ engines' hit tokens / query tokens summed over the seeds (each seed's rate is th
 mean of seed rates would weigh a short or idle seed like a busy one).
 
 What pooling needs is kept per point: the TTFT (ms) of every successful request (`TTFTS` in the point row while
-the run lasts; written to `TTFTS_FILE` next to results.json, about 7 KB gzipped per 1,800 requests, against ~0.6 MB
+the run lasts; written to `TTFTS_FILE` next to results.json, about 6 KB gzipped per 1,800 requests, against ~0.6 MB
 per point for `--samples`), and the row's `cache` counters, already in results.json.
 """
 
