@@ -44,6 +44,7 @@ from extproc.bench.routing_metrics import (
 )
 from extproc.bench.routing_options import body_mode, front_end, shares_scrapes, split_strategy
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
+from extproc.bench.routing_pool import TTFTS, ttfts_ms
 from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
 from extproc.bench.routing_samples import dump_point
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
@@ -181,6 +182,7 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
                tpot_p99_ms=summary["tpot_ms"]["p99"], engine_ttft_ms=engine_ttft(metrics_before, metrics_after),
                by_phase=latency_by(samples, "phase"),
                by_kind=latency_by(samples, "kind"))
+    row[TTFTS] = ttfts_ms(samples)  # for percentiles pooled over the seeds (routing_pool.py)
     if flow is not None:
         row["flow"] = flow.as_dict()
     if peer_report is not None:

@@ -1,5 +1,6 @@
-"""Report files of `extproc bench routing`: results.json (every point), results.md (per load, every strategy: the
-median over seeds with the range, CPU per process), and PNG charts of TTFT and hit rate against load."""
+"""Report files of `extproc bench routing`: results.json (every point), results.md (per load, every strategy: TTFT
+percentiles and hit rate pooled over the seeds, the seeds' median and range next to them, CPU per process), the
+pooled points' TTFTs (`routing_pool.TTFTS_FILE`), and PNG charts of pooled TTFT and hit rate against load."""
 
 from __future__ import annotations
 
@@ -10,11 +11,13 @@ from typing import Any
 
 from extproc.bench.loadgen import Sample
 from extproc.bench.report import Column, format_markdown_table, plot_lines, write_json
+from extproc.bench.routing_pool import TTFTS, TTFTS_FILE, pooled, write_ttfts
 from extproc.bench.stats import percentiles
 
 __all__ = ["TABLE", "aggregate", "latency_by", "markdown", "plot_ttft", "series", "table_for", "write_reports"]
 
-# The median over seeds of these; "_range" keys hold "min-max" when there are several seeds.
+# The median over seeds of these; "_range" keys hold "min-max" when there are several seeds. TTFT percentiles and
+# hit rate are also pooled over the seeds (`pooled.*`, routing_pool.py): those are the figures to compare.
 _MEDIANS = ("ok", "hit_rate", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
             "e2e_p50_ms", "output_tokens_per_s", "goodput_rps", "spread_cv", "engine_ttft_ms.p50",
             "engine_ttft_ms.p90", "engine_ttft_ms.p99", "hit_by_workload.agents", "hit_by_workload.chat",
@@ -28,8 +31,9 @@ _SUMS = ("errors", "flow.queued", "flow.waited_over_1s", "flow.rejected")
 
 TABLE: list[Column] = [
     ("strategy", "strategy"), ("load", "load"), ("qps", "req/s"), ("seeds", "seeds"), ("ok", "ok"),
-    ("errors", "err"), ("hit_rate", "hit"), ("hit_rate_range", "hit range"), ("ttft_p50_ms", "ttft50"),
-    ("ttft_p90_ms", "ttft90"), ("ttft_p90_ms_range", "ttft90 range"), ("ttft_p99_ms", "ttft99"),
+    ("errors", "err"), ("pooled.hit_rate", "hit"), ("hit_rate", "hit med"), ("hit_rate_range", "hit range"),
+    ("pooled.ttft_p50_ms", "ttft50"), ("pooled.ttft_p90_ms", "ttft90"), ("ttft_p90_ms", "ttft90 med"),
+    ("ttft_p90_ms_range", "ttft90 range"), ("pooled.ttft_p99_ms", "ttft99"), ("ttft_p99_ms", "ttft99 med"),
     ("ttft_p99_ms_range", "ttft99 range"), ("tpot_p50_ms", "tpot50"), ("tpot_p99_ms", "tpot99"),
     ("goodput_rps", "goodput"), ("engine_ttft_ms.p90", "eng90"), ("engine_ttft_ms.p99", "eng99"),
     ("spread_cv", "cv"), ("flow.queued", "fc_q"), ("flow.rejected", "fc_rej"),
@@ -73,7 +77,8 @@ def _put(row: dict[str, Any], key: str, value: Any) -> None:
 
 
 def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (strategy, rate) over its seeds: medians, ranges, sums; CPU per process as medians."""
+    """One row per (strategy, rate) over its seeds: TTFT percentiles and hit rate pooled (`pooled`), medians,
+    ranges, sums; CPU per process as medians."""
     groups: dict[tuple[str, float], list[Mapping[str, Any]]] = {}
     for row in rows:
         if "failed" not in row:
@@ -81,7 +86,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for (strategy, qps), members in groups.items():
         merged: dict[str, Any] = {"strategy": strategy, "qps": qps, "load": members[0].get("load"),
-                                  "seeds": len(members)}
+                                  "seeds": len(members), "pooled": pooled(members)}
         for key in _MEDIANS:
             values = [v for v in (_get(m, key) for m in members) if v is not None]
             _put(merged, key, round(statistics.median(values), 4) if values else None)
@@ -107,7 +112,7 @@ def series(rows: Sequence[Mapping[str, Any]], key: str, suffix: str = "") -> dic
     """{strategy + suffix: [(load or qps, value), ...]} over the rows that ran and have a value for `key`."""
     lines: dict[str, list[tuple[float, float]]] = {}
     for row in rows:
-        value = row.get(key)
+        value = _get(row, key)
         if "failed" in row or value is None:
             continue
         x = row.get("load") or row["qps"]
@@ -158,8 +163,10 @@ def markdown(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
         f"{sizing['kv_blocks']} blocks per replica (auto {sizing['auto_kv_blocks']}), so the working set is "
         f"({_pairs(sizing['working_set_per_replica_capacity'])}) x one replica's cache and the fleet holds "
         f"({_pairs(sizing['fleet_capacity_per_working_set'])}) x the working set.\n",
-        "Medians over the seeds, ranges min-max. Latency in ms; hit = prefix-cache hit rate in tokens (delta of "
-        "vllm:prefix_cache_hits / queries over all replicas); goodput = requests/s served with TTFT <= "
+        "ttft50 / ttft90 / ttft99 = TTFT percentiles over every seed's requests together (pooled); hit = "
+        "prefix-cache hit rate in tokens (delta of vllm:prefix_cache_hits / queries over all replicas, summed over "
+        "the seeds); med = the median of the seeds' own values, range = their min-max; other columns are medians "
+        "over the seeds. Latency in ms; goodput = requests/s served with TTFT <= "
         f"{meta.get('slo_ttft_s', '-')} s; eng90 / eng99 = TTFT p90 / p99 as the engines saw it (queue and prefill, "
         "interpolated in vLLM's histogram buckets: coarse, but free of the proxy path's CPU); "
         "cv = coefficient of variation of requests per endpoint (worst pool); "
@@ -186,28 +193,31 @@ def markdown(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
 
 
 def write_reports(out: Path, rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> list[Path]:
+    """results.json (points without their TTFTs, which go to TTFTS_FILE), results.md and the charts."""
     out.mkdir(parents=True, exist_ok=True)
     merged = aggregate(rows)
-    paths = [write_json(out / "results.json", {**meta, "points": list(rows), "summary": merged})]
+    points = [{k: v for k, v in r.items() if k != TTFTS} for r in rows]
+    paths = [write_json(out / "results.json", {**meta, "points": points, "summary": merged})]
     md = out / "results.md"
     md.write_text(markdown(rows, meta), encoding="utf-8")
     paths.append(md)
+    paths.append(write_ttfts(out / TTFTS_FILE, rows))
     axis = "offered load (share of capacity)" if any(r.get("load") for r in merged) else "offered QPS"
     paths.append(plot_ttft(out / "ttft_vs_load.png", merged, f"TTFT vs load: {meta['workload']}", axis))
-    paths.append(plot_lines(out / "hit_rate_vs_load.png", series(merged, "hit_rate"), axis,
+    paths.append(plot_lines(out / "hit_rate_vs_load.png", series(merged, "pooled.hit_rate"), axis,
                             "prefix-cache hit rate (tokens)", f"Prefix-cache hit rate vs load: {meta['workload']}"))
     return paths
 
 
 def plot_ttft(path: Path, rows: Sequence[Mapping[str, Any]], title: str, axis: str = "offered QPS") -> Path:
-    """p50 (dotted), p90 (solid) and p99 (dashed) TTFT per strategy, one colour per strategy, log scale."""
+    """Pooled p50 (dotted), p90 (solid) and p99 (dashed) TTFT per strategy, one colour per strategy, log scale."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(9, 5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    lines = {name: series(rows, f"ttft_{name}_ms") for name in ("p50", "p90", "p99")}
+    lines = {name: series(rows, f"pooled.ttft_{name}_ms") for name in ("p50", "p90", "p99")}
     strategies = sorted({s for found in lines.values() for s in found})
     for index, strategy in enumerate(strategies):
         colour = f"C{index % 10}"

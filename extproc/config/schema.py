@@ -101,8 +101,10 @@ class BoundsConfig(Strict):
     max_json_containers: int = Field(default=20_000, ge=16, le=10_000_000)
     max_messages: int = Field(default=2048, ge=1, le=1_000_000)
     max_choices: int = Field(default=128, ge=1, le=100_000, description="n / best_of")
-    # Per tenant and process: decision CPU time it may spend per second (a bucket holding tenant_parse_burst_ms,
-    # below envoy.message_timeout_ms); over it its requests get 429 before their bodies are parsed. 0 = no budget.
+    # Per tenant and process: time its decisions may hold the event loop per second (wall clock, at least their CPU
+    # time; a body charged at the headers by its declared length: extproc/gateway/tenant_gate.py), a bucket holding
+    # tenant_parse_burst_ms, below envoy.message_timeout_ms; over it its requests get 429 before their bodies are
+    # parsed. 0 = no budget.
     tenant_parse_ms_per_s: float = Field(default=500.0, ge=0, le=1000)
     tenant_parse_burst_ms: float = Field(default=250.0, ge=1, le=600_000)
     # CPU time one decision may take (checked between its stages); over it the request gets 413. 0 = none.

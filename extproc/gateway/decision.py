@@ -30,7 +30,7 @@ from extproc.openai import ApiError, api_for_path
 from extproc.openai import errors as oai
 from extproc.scheduling import Explanation
 from extproc.telemetry import GatewayMetrics
-from extproc.tenants import ANONYMOUS, Tenant
+from extproc.tenants import Tenant
 
 __all__ = ["BodyPhase", "Gateway", "Stages", "Wait"]
 
@@ -61,8 +61,10 @@ class Gateway:
         self._clock = clock
         self._cpu_clock = cpu_clock  # CPU time of the event loop's thread: what a decision really costs
 
-    def headers(self, head: RequestHead, tenant: Tenant | None = None) -> tuple[Exchange, Respond | None]:
-        """The exchange, and the answer if the headers alone decide it (`tenant`: explain's, see there)."""
+    def headers(self, head: RequestHead, tenant: Tenant | None = None,
+                reserve: bool = True) -> tuple[Exchange, Respond | None]:
+        """The exchange, and the answer if the headers alone decide it (`tenant`: explain's, see there). The body
+        to come is charged to the tenant's parse budget now (`reserve`: not for explain, which spends nothing)."""
         exchange = Exchange(self._clock(), self.request_ids())
         try:
             caller = self.stages.authenticate(self.runtimes.current, head, exchange.request_id, tenant)
@@ -72,6 +74,9 @@ class Gateway:
             exchange.outcome = "models"
             return exchange, caller
         exchange.caller = caller
+        if reserve:
+            exchange.parse_reserved = self._tenants.reserve(caller.tenant, head.headers.get("content-length", ""),
+                                                            caller.runtime.policy.bounds, self._clock())
         return exchange, None
 
     def body(self, exchange: Exchange, body: bytes) -> BodyPhase:
@@ -113,19 +118,24 @@ class Gateway:
         return refusal(exchange, error)
 
     def _resolve(self, exchange: Exchange, body: bytes) -> Resolved:
-        """Resolve, charging the decision's CPU time to the tenant's parse budget."""
+        """Resolve, charging the time the decision held the loop to the tenant's parse budget (wall clock, never
+        less than its CPU time: the time every other stream of this process waited; see tenant_gate.py)."""
         assert exchange.caller is not None
         caller = exchange.caller
         started, cpu_started = self._clock(), self._cpu_clock()
+        bounds = caller.runtime.policy.bounds
         try:
+            # Its own reservation is no reason to refuse it; the others' and their decisions since may be.
+            self._tenants.refund(caller.tenant, exchange.parse_reserved, bounds, started)
+            exchange.parse_reserved = 0.0
             self.stages.authenticate.refuse_early(caller.tenant, caller.runtime)  # its budget may be spent since
             return self.stages.resolve(caller, body, cpu_started)
         finally:
             now = self._clock()
             self._metrics.decision_seconds.observe(now - started)
-            if caller.tenant is not ANONYMOUS:  # the anonymous tenant (auth none) has no parse budget
-                self._tenants.charge(caller.tenant, self._cpu_clock() - cpu_started, caller.runtime.policy.bounds,
-                                     now)
+            spent = max(now - started, self._cpu_clock() - cpu_started)
+            # The anonymous tenant (auth none) has no parse budget: its bodies only teach the cost per byte.
+            self._tenants.charge(caller.tenant, spent, bounds, now, len(body))
 
     def response_headers(self, exchange: Exchange, status: int,
                          served: str | None = None) -> tuple[tuple[str, str], ...]:
@@ -175,7 +185,7 @@ class Gateway:
     def explain(self, head: RequestHead, body: bytes, tenant: Tenant | None = None) -> dict[str, Any]:
         """The decision this request would get now, with every endpoint's scores; nothing is sent or kept.
         `tenant`: decide as that tenant (no key is checked: explain must not tell valid keys from others)."""
-        exchange, early = self.headers(head, tenant)
+        exchange, early = self.headers(head, tenant, reserve=False)
         explanation = Explanation()
         decision: Decision
         if early is not None or exchange.caller is None:

@@ -31,6 +31,9 @@ class Finish:
             return None
         exchange.finished = True
         caller, admitted, routed = exchange.caller, exchange.admitted, exchange.routed
+        if exchange.parse_reserved and caller is not None:  # no decision on its body came (client gone, too large)
+            self._tenants.refund(caller.tenant, exchange.parse_reserved, caller.runtime.policy.bounds, self._clock())
+            exchange.parse_reserved = 0.0
         if admitted is not None and admitted.holds_slot and caller is not None:
             self._tenants.drop(caller.tenant)
         if exchange.ticket is not None:

@@ -116,6 +116,7 @@ class Exchange:
     status: int | None = None
     finished: bool = False
     scores: Explanation | None = None  # set only for a traced (sampled) exchange: scheduling records its scores
+    parse_reserved: float = 0.0  # parse budget charged at the headers for the body to come (TenantGate.reserve)
 
     @property
     def runtime(self) -> Runtime | None:

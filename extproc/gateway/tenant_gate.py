@@ -6,9 +6,19 @@ looked at. Three facts let the headers phase (and the body phase, before parsing
   allows (a sound refusal: those leases are real, whatever the other replicas hold);
 - the store refused the tenant's request rate with a retry time that has not passed yet (nothing refills
   a token bucket faster than its rate);
-- the tenant spent its parse budget: decision CPU time per second (a token bucket of seconds, charged with
-  the measured CPU time of each decision), so one tenant's bodies cannot starve the others' decisions.
-  The anonymous tenant (auth mode none: every caller) has no parse budget.
+- the tenant spent its parse budget: time its decisions held this process's event loop per second (a token
+  bucket of seconds), so one tenant's bodies cannot starve the others' decisions. The anonymous tenant (auth
+  mode none: every caller) has no parse budget.
+
+The budget counts loop time (wall clock, never less than the decision's CPU time), not CPU time: while a
+decision runs nothing else in the process does, whatever share of a core the process gets. Counted in CPU time,
+a 500 ms/s budget is the whole of a service that gets half a core or less, and a flood of large bodies within it
+left other tenants' messages queued past Envoy's message_timeout (500s; issue 14 item 4, reports/suite-s13).
+A body is also charged before it arrives: at the headers, its declared length times the loop time a body byte
+has cost lately (`reserve`), given back when its decision starts (`refund`; the decision's real cost is then
+charged) or when the exchange ends without one. Without it a tenant's concurrent requests all pass the headers
+check while its bucket is still full, and their bodies then hold the loop together (8 x 3.5 MB: about a second
+on a third of a core).
 """
 
 from __future__ import annotations
@@ -25,6 +35,12 @@ from extproc.tenants import ANONYMOUS, Tenant
 __all__ = ["TenantGate", "parse_budget_exceeded"]
 
 _MAX_TRACKED = 4096  # tenants with state before idle ones are dropped
+# Loop seconds per body byte before any large body was measured: a 3.5 MB body of tiny messages at ~105 ms, its
+# cost on about a third of a core (~35 ms on a whole one: decode and resolve, measured 16-34 ms), so that the first
+# flood after a start is not let in at a whole core's estimate; learned from bodies of LEARN_BYTES and more.
+DEFAULT_SECONDS_PER_BYTE = 30e-9
+LEARN_BYTES = 64 * 1024
+_LEARN_WEIGHT = 0.2  # of the latest large body in the moving average
 
 
 def parse_budget_exceeded(retry_after_s: float) -> ApiError:
@@ -40,6 +56,7 @@ class TenantGate:
         self._holding: dict[str, int] = {}  # tenant -> exchanges here holding a tenant-wide concurrency lease
         self._rate_until: dict[str, float] = {}  # tenant -> clock time until which its request rate refuses
         self._budget: dict[str, tuple[float, float]] = {}  # tenant -> (parse seconds left, clock time)
+        self.seconds_per_byte = DEFAULT_SECONDS_PER_BYTE  # what a large body's decision held the loop, lately
 
     def refusal(self, tenant: Tenant, limits: TierLimits, bounds: BoundsConfig,
                 now: float) -> tuple[str, ApiError] | None:
@@ -64,15 +81,34 @@ class TenantGate:
         left, at = state
         return min(bounds.tenant_parse_burst_ms / 1000.0, left + (now - at) * bounds.tenant_parse_ms_per_s / 1000.0)
 
-    def charge(self, tenant: Tenant, cpu_s: float, bounds: BoundsConfig, now: float) -> None:
-        """A decision for `tenant` took `cpu_s` seconds of CPU."""
+    def reserve(self, tenant: Tenant, declared: str, bounds: BoundsConfig, now: float) -> float:
+        """A request of `tenant` passed the headers with content-length `declared`: charge what its body is
+        likely to cost now, before it arrives; returns the seconds charged (0: no budget, no declared length)."""
+        if tenant is ANONYMOUS or bounds.tenant_parse_ms_per_s <= 0 or not declared.isdigit():
+            return 0.0
+        seconds = int(declared) * self.seconds_per_byte
+        self._spend(tenant.name, seconds, bounds, now)
+        return seconds
+
+    def refund(self, tenant: Tenant, reserved_s: float, bounds: BoundsConfig, now: float) -> None:
+        """The exchange ended without a decision on its body: give back what `reserve` charged."""
+        if reserved_s and tenant is not ANONYMOUS and bounds.tenant_parse_ms_per_s > 0:
+            self._spend(tenant.name, -reserved_s, bounds, now)
+
+    def charge(self, tenant: Tenant, spent_s: float, bounds: BoundsConfig, now: float, body_bytes: int = 0) -> None:
+        """A decision for `tenant` held the loop `spent_s` seconds on a body of `body_bytes`."""
+        if body_bytes >= LEARN_BYTES:
+            rate = spent_s / body_bytes
+            self.seconds_per_byte += _LEARN_WEIGHT * (rate - self.seconds_per_byte)
         if tenant is ANONYMOUS or bounds.tenant_parse_ms_per_s <= 0:
             return
-        name = tenant.name
+        self._spend(tenant.name, spent_s, bounds, now)
+
+    def _spend(self, name: str, seconds: float, bounds: BoundsConfig, now: float) -> None:
         start = self._left(name, bounds, now) if name in self._budget else bounds.tenant_parse_burst_ms / 1000.0
         if len(self._budget) >= _MAX_TRACKED and name not in self._budget:
             self._forget_idle(bounds, now)
-        self._budget[name] = (start - cpu_s, now)
+        self._budget[name] = (start - seconds, now)
 
     def _forget_idle(self, bounds: BoundsConfig, now: float) -> None:
         full = bounds.tenant_parse_burst_ms / 1000.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterable
@@ -48,6 +49,10 @@ _STREAMED_NEEDS_BODY = Respond(500, oai.ApiError(
     "server_error", "gateway_error").body(), (("content-type", "application/json"),), "streamed_body_misconfigured")
 # A streamed body of more messages than this is refused like an oversized one (each message costs a reply).
 _MAX_BODY_MESSAGES = 65536
+# Bodies this large are decided one at a time, each after the messages already waiting: decoding one holds the loop
+# for tens of ms (3.5 MB: ~30 ms of CPU, ~100 ms on a third of a core), and eight in a row held other tenants'
+# messages past Envoy's message_timeout (issue 14 item 4, reports/suite-s13). A chat body is ~1-100 KB.
+_LARGE_BODY = 256 * 1024
 Reply: TypeAlias = "ext_pb.ProcessingResponse | tuple[ext_pb.ProcessingResponse, ...] | Wait | None"
 
 
@@ -223,6 +228,12 @@ class StreamProcessor:
             replies.append(protocol.CONTINUE_REQUEST_TRAILERS)
         return tuple(replies)
 
+    def large_body(self, chunk: bytes) -> bool:
+        """Whether this request body message may start a decision on a body of _LARGE_BODY bytes or more."""
+        exchange = self.exchange
+        return (exchange is not None and exchange.outcome == "incomplete" and self.body is None and not self.closed
+                and self.received + len(chunk) >= _LARGE_BODY)
+
     @property
     def uploading(self) -> bool:
         """STREAMED with the headers reply held and the body still arriving: Envoy times each message it sent."""
@@ -279,6 +290,14 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         self._metrics = metrics if metrics is not None else GatewayMetrics(CollectorRegistry())
         self._phase_cpu = {phase: counter.inc for phase, counter in self._metrics.phase_cpu.items()}
         self._streams = self._metrics.streams.inc
+        self._large_bodies = asyncio.Lock()  # see _LARGE_BODY
+
+    @contextlib.asynccontextmanager
+    async def _turn(self) -> AsyncIterator[None]:
+        """A large body's turn: alone, and behind what became ready meanwhile (the lock wakes waiters in order)."""
+        async with self._large_bodies:
+            await asyncio.sleep(0)
+            yield
 
     async def Process(
         self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest], context: grpc.aio.ServicerContext[Any, Any]
@@ -311,7 +330,12 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
                 started = cpu()
                 used = 0.0
                 try:
-                    response = stream.handle(message, phase)
+                    if phase == "request_body" and stream.large_body(message.request_body.body):
+                        async with self._turn():
+                            started = cpu()
+                            response = stream.handle(message, phase)
+                    else:
+                        response = stream.handle(message, phase)
                     while isinstance(response, AdmitRequest | Ticket):
                         used += cpu() - started
                         if isinstance(response, AdmitRequest):

@@ -10,6 +10,7 @@ import yaml
 from extproc.bench import routing, routing_plan, stack
 from extproc.bench.loadgen import RequestSpec
 from extproc.bench.routing_envoy import AFFINITY_HEADER, POOL_HEADER
+from extproc.bench.routing_pool import TTFTS, TTFTS_FILE, read_ttfts
 from extproc.bench.routing_report import aggregate, series, write_reports
 from extproc.bench.stack import Stack, build_policy
 from extproc.config import parse_policy
@@ -174,7 +175,8 @@ def test_reports_are_written(tmp_path: Path) -> None:
     def row(seed: int, p90: float, hit: float, **extra: object) -> dict[str, object]:
         return {"strategy": "default", "qps": 4.0, "load": 0.4, "seed": seed, "ok": 100, "errors": 0,
                 "ttft_p50_ms": 30.0, "ttft_p90_ms": p90, "ttft_p99_ms": p90 * 2, "hit_rate": hit, "saturated": [],
-                "cores": {"sim": 0.2, "service": 0.1}, "max_cores": 0.2, **extra}
+                "cores": {"sim": 0.2, "service": 0.1}, "max_cores": 0.2, TTFTS: [30.0, p90, p90 * 2],
+                "cache": {"hit_tokens": hit * 100, "query_tokens": 100}, **extra}
 
     rows = [row(0, 50.0, 0.9), row(1, 70.0, 0.8, errors=2), row(2, 60.0, 0.85, saturated=["sim"]),
             {"strategy": "random", "qps": 4.0, "load": 0.4, "seed": 0, "failed": "ChildExited: boom"}]
@@ -182,7 +184,10 @@ def test_reports_are_written(tmp_path: Path) -> None:
     assert len(merged) == 1 and merged[0]["seeds"] == 3 and merged[0]["ttft_p90_ms"] == 60.0
     assert merged[0]["ttft_p90_ms_range"] == "50-70" and merged[0]["hit_rate"] == 0.85
     assert merged[0]["errors"] == 2 and merged[0]["saturated"] == ["sim"]
+    assert merged[0]["pooled"] == {"requests": 9, "hit_rate": 0.85, "ttft_p50_ms": 60.0, "ttft_p90_ms": 124.0,
+                                   "ttft_p99_ms": 138.4}  # over the 9 requests of the 3 seeds
     assert series(merged, "ttft_p99_ms", " p99") == {"default p99": [(0.4, 120.0)]}
+    assert series(merged, "pooled.ttft_p99_ms") == {"default": [(0.4, 138.4)]}
     meta = {"workload": "shared-prefix", "endpoints": 8, "service_replicas": 1, "warmup_s": 5.0, "duration_s": 25.0,
             "seeds": [0, 1, 2], "isolation": "fresh stack", "wall_s": 1.0, "saturation_limit_cores": 0.9,
             "slo_ttft_s": 0.5, "command": "extproc bench routing --repeat 3",
@@ -190,13 +195,18 @@ def test_reports_are_written(tmp_path: Path) -> None:
             "kv_sizing": {"rule": "r", "working_set_tokens": {"chat": 1}, "kv_blocks": 1, "auto_kv_blocks": 1,
                           "working_set_per_replica_capacity": {}, "fleet_capacity_per_working_set": {}}}
     paths = write_reports(tmp_path / "out", rows, meta)
-    assert [p.name for p in paths] == ["results.json", "results.md", "ttft_vs_load.png", "hit_rate_vs_load.png"]
+    assert [p.name for p in paths] == ["results.json", "results.md", TTFTS_FILE, "ttft_vs_load.png",
+                                       "hit_rate_vs_load.png"]
     report = json.loads(paths[0].read_text())
     assert report["points"][3]["failed"] == "ChildExited: boom" and report["summary"][0]["seeds"] == 3
+    assert not any(TTFTS in p for p in report["points"])  # the TTFTs go to their own file, for pooling again
+    assert read_ttfts(paths[2])["default-q4-s1"] == [30.0, 70.0, 140.0]
     text = paths[1].read_text()
     assert "| default | 0.40 | 4.00 | 3 |" in text and "random @ 4, seed 0: ChildExited" in text
     assert "default @ 4: sim" in text and "`extproc bench routing --repeat 3`" in text
     assert "| strategy | load | service | sim |" in text  # CPU per process
-    assert all(p.stat().st_size > 0 for p in paths[2:])
+    # pooled hit, its median, range; pooled p50, pooled p90, its median, range; pooled p99, its median, range
+    assert "| 0.85 | 0.85 | 0.8-0.9 | 60.00 | 124.00 | 60.00 | 50-70 | 138.40 | 120.00 | 100-140 |" in text
+    assert all(p.stat().st_size > 0 for p in paths[3:])
     assert yaml.safe_load(yaml.safe_dump(routing_plan.sim_profile(700))) == {
         "base": "h100-8b", "name": "h100-8b-kv700", "num_gpu_blocks": 700}

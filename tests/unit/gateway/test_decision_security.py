@@ -146,6 +146,87 @@ def test_parse_budget_refuses_a_tenant_that_spent_it(tmp_path: Path, monkeypatch
     assert early is None
 
 
+def test_parse_budget_counts_the_time_a_decision_holds_the_loop(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a service that gets a fraction of a core a decision holds the loop (every other stream waits) for much
+    # longer than its CPU time: that time is what the budget counts.
+    gateway, clocks = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200, "
+                                     "decision_cpu_ms: 0}\n")
+
+    def descheduled(*args: Any, **kwargs: Any) -> Any:
+        clocks.now += 0.15  # 150 ms of wall clock, no CPU time of ours
+        return parse_document(*args, **kwargs)
+
+    monkeypatch.setattr(resolve, "parse_document", descheduled)
+    for _ in range(2):
+        exchange, early = gateway.headers(head("k-chat-only"))
+        assert early is None
+        assert isinstance(gateway.body(exchange, chat()), Route)
+        gateway.finish(exchange)
+    _, early = gateway.headers(head("k-chat-only"))
+    assert status(early) == (429, "processing_budget_exceeded")
+
+
+def test_declared_bodies_are_charged_at_the_headers_and_given_back_if_none_is_decided(tmp_path: Path) -> None:
+    # 100 ms/s, a 200 ms bucket; a 1 MB body is reckoned at 30 ms (30 ns a byte until large bodies were measured).
+    gateway, _ = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200}\n")
+    large = {"content-length": "1000000"}
+    waiting = []
+    for _ in range(7):  # concurrent uploads: 7 x 30 ms reserved while the bucket is not yet below 0
+        exchange, early = gateway.headers(head("k-chat-only", **large))
+        assert early is None
+        waiting.append(exchange)
+    _, early = gateway.headers(head("k-chat-only", **large))
+    assert status(early) == (429, "processing_budget_exceeded")  # before any of the bodies arrived
+    exchange, early = gateway.headers(head("k-tpm", **large))  # another tenant is not affected
+    assert early is None
+    gateway.finish(exchange)
+    for exchange in waiting:  # the clients went away: no decision, the reservations come back
+        gateway.finish(exchange)
+    for _ in range(6):
+        exchange, early = gateway.headers(head("k-chat-only", **large))
+        assert early is None
+        gateway.finish(exchange)
+
+
+def test_a_decision_is_not_refused_for_its_own_reservation(tmp_path: Path) -> None:
+    gateway, _ = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200, "
+                                "max_body_bytes: 33554432}\n")
+    exchange, early = gateway.headers(head("k-chat-only", **{"content-length": "25000000"}))  # 750 ms reserved
+    assert early is None
+    assert isinstance(gateway.body(exchange, chat()), Route)  # its real cost replaced the reservation
+    gateway.finish(exchange)
+    _, early = gateway.headers(head("k-chat-only"))
+    assert early is None
+
+
+def test_the_cost_of_a_body_byte_is_learned_from_large_bodies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway, clocks = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200, "
+                                     "decision_cpu_ms: 0}\n")
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        clocks.now += 0.1  # 100 ms for a 100 KB body: 1 us a byte, 33 x the first guess
+        return parse_document(*args, **kwargs)
+
+    monkeypatch.setattr(resolve, "parse_document", slow)
+    exchange, _ = gateway.headers(head("k-tpm"))
+    assert isinstance(gateway.body(exchange, chat(max_tokens=5, user="x" * 100_000)), AdmitRequest)
+    gateway.finish(exchange)
+    clocks.now += 10.0  # every bucket full again
+    _, early = gateway.headers(head("k-chat-only", **{"content-length": "1200000"}))
+    assert early is None  # charged 1.2 MB x (0.2 x 1 us + 0.8 x 30 ns) = ~269 ms: the bucket is now below 0
+    _, early = gateway.headers(head("k-chat-only", **{"content-length": "1000"}))
+    assert status(early) == (429, "processing_budget_exceeded")
+
+
+def test_explain_spends_no_parse_budget(tmp_path: Path) -> None:
+    gateway, _ = make(tmp_path, "bounds: {tenant_parse_ms_per_s: 100, tenant_parse_burst_ms: 200}\n")
+    for _ in range(10):
+        gateway.gateway.explain(head("k-chat-only", **{"content-length": "1000000"}), chat())
+    _, early = gateway.headers(head("k-chat-only"))
+    assert early is None
+
+
 def test_decision_cpu_budget_is_checked_between_stages(tmp_path: Path) -> None:
     gateway, clocks = make(tmp_path, "bounds: {decision_cpu_ms: 50}\n")
     stage = gateway.gateway.stages.resolve
