@@ -76,6 +76,9 @@ def endpoint_picker_problems(policy: Policy) -> list[str]:
                         "sent; use streamed)")
     if policy.mode != "endpoint-picker":
         return problems
+    if policy.envoy.request_body_mode == "prebuffered":
+        problems.append("envoy.request_body_mode prebuffered is policy mode's (our rendered Envoy adds the buffer "
+                        "filter); in endpoint-picker mode the gateway's ext_proc filter is configured by its owner")
     if len(policy.pools) != 1:
         problems.append(f"mode endpoint-picker serves one pool per process (the InferencePool the gateway "
                         f"chose); the policy has {len(policy.pools)}")

@@ -146,9 +146,11 @@ class EnvoyConfig(Strict):
     max_connections: int = Field(default=10_000, ge=1)
     max_pending_requests: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=10_000, ge=1)
-    # How the rendered ext_proc filter sends request bodies: buffered, streamed (the body right behind the headers;
-    # extproc/xds/ext_proc.py) or full-duplex (endpoint-picker mode only).
-    request_body_mode: Literal["buffered", "streamed", "full-duplex"] = "buffered"
+    # How the rendered ext_proc filter sends request bodies: buffered (the body after the headers reply),
+    # prebuffered (Envoy's buffer filter holds the whole body, then headers and body go together: one round trip),
+    # streamed (the body right behind the headers; extproc/xds/ext_proc.py) or full-duplex (endpoint-picker mode
+    # only).
+    request_body_mode: Literal["buffered", "prebuffered", "streamed", "full-duplex"] = "buffered"
 
     @field_validator("extproc_endpoints")
     @classmethod
