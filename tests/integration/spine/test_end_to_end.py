@@ -25,8 +25,8 @@ SMALL = SimPool("small", "org/small-1b", 1, aliases=("small",))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module",
-                        params=["buffered/grpcio", "streamed/grpcio", "prebuffered/grpcio", "buffered/lean", "streamed/lean",
-                                "prebuffered/lean"])
+                        params=[f"{mode}/{front}" for front in ("grpcio", "lean")
+                                for mode in ("buffered", "streamed", "prebuffered")])
 async def stack(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup]]:
     """Once per request body mode and front end (grpc.aio, or the lean HTTP/2 one: extproc/server/h2/)."""
