@@ -7,7 +7,7 @@ request in flight while a reload builds the next one.
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -150,7 +150,7 @@ class EnvoyConfig(Strict):
     # prebuffered (Envoy's buffer filter holds the whole body, then headers and body go together: one round trip),
     # streamed (the body right behind the headers; extproc/xds/ext_proc.py) or full-duplex (endpoint-picker mode
     # only).
-    request_body_mode: Literal["buffered", "prebuffered", "streamed", "full-duplex"] = "buffered"
+    request_body_mode: Literal["buffered", "prebuffered", "streamed", "full-duplex"] = "prebuffered"
 
     @field_validator("extproc_endpoints")
     @classmethod
@@ -317,6 +317,18 @@ class Policy(Strict):
         if self.shares_placements():
             return 1
         return max(1, self.limits.replicas or len(self.envoy.extproc_endpoints))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _picker_body_mode(cls, data: Any) -> Any:
+        """envoy.request_body_mode's default is prebuffered in policy mode (our rendered Envoy adds the buffer filter)
+        and buffered in endpoint-picker mode (the gateway's filter is its owner's)."""
+        if not isinstance(data, dict) or data.get("mode") != "endpoint-picker":
+            return data
+        envoy = data.get("envoy", {})
+        if isinstance(envoy, dict) and "request_body_mode" not in envoy:
+            return {**data, "envoy": {**envoy, "request_body_mode": "buffered"}}
+        return data
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:

@@ -64,7 +64,7 @@ class StreamProcessor:
     (500, a data-plane misconfiguration) rather than sent somewhere unpicked. Response bodies pass untouched."""
 
     __slots__ = ("body", "chunks", "closed", "count", "declared", "exchange", "gateway", "hold", "picker", "received",
-                 "request_mode", "response_mode", "rewritten", "span", "stream_metadata", "tracer", "trailers")
+                 "request_mode", "response_mode", "rewritten", "span", "stream_metadata", "tracer", "trailers", "whole")
 
     def __init__(self, gateway: Gateway, tracer: DecisionTracer | None = None,
                  stream_metadata: Iterable[tuple[str, str]] | None = None) -> None:
@@ -81,6 +81,9 @@ class StreamProcessor:
         self.rewritten = False  # STREAMED: the decision replaced the body (later chunks are cleared)
         self.trailers = False  # the decision came with the request trailers: they get their reply after it
         self.closed = False  # answered with an immediate response: Envoy sends nothing more that needs a reply
+        # The body reaches us whole, Envoy's buffer filter ahead of ext_proc (`envoy.request_body_mode: prebuffered`):
+        # no client upload behind a held headers reply, nothing to nudge.
+        self.whole = False
         self.tracer = tracer  # None: tracing off (the only cost is this test)
         self.stream_metadata = stream_metadata  # the ext_proc stream's gRPC metadata (Envoy's trace context), as is
         self.span: Span | None = None
@@ -133,6 +136,7 @@ class StreamProcessor:
                           " the route is chosen before the body is seen; refusing (fix the data plane's filter)")
                 return self._immediate(_STREAMED_NEEDS_BODY)
         policy = self.gateway.runtimes.current.policy
+        self.whole = policy.envoy.request_body_mode == "prebuffered"
         subset = None
         if policy.mode == "endpoint-picker":
             self.picker = picker = policy.endpoint_picker
@@ -225,10 +229,11 @@ class StreamProcessor:
 
     @property
     def uploading(self) -> bool:
-        """STREAMED with the headers reply held and the body still arriving: Envoy times each message it sent."""
+        """STREAMED with the headers reply held and the body still arriving from the client (not prebuffered: the
+        buffer filter received it whole before Envoy sent the headers): Envoy times each message it sent."""
         exchange = self.exchange
-        return (self.hold and self.request_mode == protocol.STREAMED and not self.closed and self.body is None
-                and exchange is not None and exchange.outcome == "incomplete")
+        return (self.hold and self.request_mode == protocol.STREAMED and not self.whole and not self.closed
+                and self.body is None and exchange is not None and exchange.outcome == "incomplete")
 
     @property
     def extends_timer(self) -> bool:

@@ -10,6 +10,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 
+from extproc.server.processor import StreamProcessor
 from tests.unit.server.test_processor import CHAT, HEAD, POLICY, FakeContext, in_flight, make
 from tests.unit.server.test_processor_modes import Mode, chunk, headers
 
@@ -125,3 +126,20 @@ async def test_a_body_arriving_with_its_headers_is_never_nudged() -> None:
     policy = POLICY + "envoy: {message_timeout_ms: 10, request_body_mode: streamed}\n"
     context, _ = await run([streamed(SERVED_NAME), chunk(SERVED_NAME, False), chunk(b"", True)], policy)
     assert "override_message_timeout" not in kinds(context.written)
+
+
+async def test_prebuffered_the_whole_body_follows_its_headers_in_one_chunk_one_reply_each() -> None:
+    # Envoy's buffer filter ahead of ext_proc: the headers, then the whole body as one chunk ending the stream.
+    policy = POLICY + "envoy: {request_body_mode: prebuffered}\n"
+    context, _ = await run([streamed(SERVED_NAME), chunk(SERVED_NAME, True)], policy)
+    assert kinds(context.written) == ["request_headers", "request_body"]
+    assert context.written[0].request_headers.response.clear_route_cache
+
+
+def test_prebuffered_holds_the_headers_reply_but_never_waits_on_an_upload() -> None:
+    """The client's upload ended before Envoy sent the headers: no timer to extend (streamed: there is)."""
+    for mode, uploading in (("prebuffered", False), ("streamed", True)):
+        service, _, _ = make(POLICY + f"envoy: {{request_body_mode: {mode}}}\n")
+        stream = StreamProcessor(service._gateway)
+        assert stream.handle(streamed(SERVED_NAME), "request_headers") is None  # held until the body is decided
+        assert stream.uploading is uploading
