@@ -335,12 +335,12 @@ async def test_item9_models_listing_needs_a_key_and_shows_only_allowed_models(st
         assert [m["id"] for m in (await response.json())["data"]] == TENANTS["lister"][2]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "streamed"])
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "prebuffered", "streamed"])
 async def impatient(request: pytest.FixtureRequest,
                     tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """Short bounds on slow clients (they must exceed the longest admission-queue wait: no queue here), with the
-    body buffered and streamed (there the headers reply is held while the client uploads: Envoy's message timer
-    must not cut it short of the request timeout)."""
+    body buffered, prebuffered (Envoy's buffer filter holds the upload) and streamed (there the headers reply is
+    held while the client uploads: Envoy's message timer must not cut it short of the request timeout)."""
     workdir: Path = tmp_path_factory.mktemp(f"impatient-{request.param}")
     envoy = {"request_headers_timeout_s": 1, "request_timeout_s": 2, "request_body_mode": request.param}
     async with ProcessGroup(workdir / "logs") as group:
