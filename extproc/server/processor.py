@@ -64,7 +64,8 @@ class StreamProcessor:
     (500, a data-plane misconfiguration) rather than sent somewhere unpicked. Response bodies pass untouched."""
 
     __slots__ = ("body", "chunks", "closed", "count", "declared", "exchange", "gateway", "hold", "picker", "received",
-                 "request_mode", "response_mode", "rewritten", "span", "stream_metadata", "tracer", "trailers", "whole")
+                 "request_mode", "response_mode", "rewritten", "span", "stream_metadata", "tracer", "trailers",
+                 "trailing", "whole")
 
     def __init__(self, gateway: Gateway, tracer: DecisionTracer | None = None,
                  stream_metadata: Iterable[tuple[str, str]] | None = None) -> None:
@@ -84,6 +85,7 @@ class StreamProcessor:
         # The body reaches us whole, Envoy's buffer filter ahead of ext_proc (`envoy.request_body_mode: prebuffered`):
         # no client upload behind a held headers reply, nothing to nudge.
         self.whole = False
+        self.trailing = False  # prebuffered: the whole body came without end_of_stream, request trailers follow it
         self.tracer = tracer  # None: tracing off (the only cost is this test)
         self.stream_metadata = stream_metadata  # the ext_proc stream's gRPC metadata (Envoy's trace context), as is
         self.span: Span | None = None
@@ -136,7 +138,7 @@ class StreamProcessor:
                           " the route is chosen before the body is seen; refusing (fix the data plane's filter)")
                 return self._immediate(_STREAMED_NEEDS_BODY)
         policy = self.gateway.runtimes.current.policy
-        self.whole = policy.envoy.request_body_mode == "prebuffered"
+        self.whole = self.hold and policy.envoy.request_body_mode == "prebuffered"
         subset = None
         if policy.mode == "endpoint-picker":
             self.picker = picker = policy.endpoint_picker
@@ -171,7 +173,9 @@ class StreamProcessor:
         if self.received > limit or self.count > _MAX_BODY_MESSAGES:
             return self._immediate(self.gateway.refuse(exchange, oai.too_large(limit)))
         self.chunks.append(chunk.body)
-        if self.hold and not chunk.end_of_stream and not self._declared_complete():
+        if self.whole:  # prebuffered: the first chunk is the whole body, request trailers may follow it
+            self.trailing = not chunk.end_of_stream
+        elif self.hold and not chunk.end_of_stream and not self._declared_complete():
             return None  # more to come
         return self._decide()
 
@@ -215,8 +219,14 @@ class StreamProcessor:
         pick = (picker.metadata_namespace, DESTINATION_ENDPOINT) if picker is not None else None
         if not self.hold:
             return protocol.route_response(decision, pick)
-        replies = [protocol.held_headers_response(decision, pick)]
         body = decision.body if decision.body is not None else self.chunks[0]
+        if self.trailing:
+            # Prebuffered with request trailers: Envoy 1.40 forwards more than the answered chunk (the engine got
+            # extra bytes after the body; tests/integration/spine/test_h2_clients.py). The headers reply carries
+            # the whole body (CONTINUE_AND_REPLACE) and the queued chunk is cleared.
+            self.chunks, self.rewritten = [], True
+            return protocol.replacing_headers_response(decision, pick, body), protocol.CLEAR_REQUEST_BODY
+        replies = [protocol.held_headers_response(decision, pick)]
         if self.request_mode == protocol.FULL_DUPLEX:
             replies += protocol.streamed_request_body(body, end_of_stream=not self.trailers)
         else:
