@@ -187,6 +187,24 @@ async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(stack: St
 
 
 
+async def test_item4_unauthenticated_bodies_are_refused_unparsed(stack: Stack, http: aiohttp.ClientSession) -> None:
+    """The default body mode (prebuffered) sends the body with the headers: an unknown key's 3.5 MB body reaches
+    the service, which refuses it at the headers (401) and never reads the body's message (its size and CPU
+    are printed; buffered answered before the upload ended)."""
+    hostile = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}] * 100_000}).encode()
+    service = stack.children["service"].pid
+    cpu_before = cpu_seconds(service)
+    statuses = []
+    for _ in range(10):
+        reply = await post(http, stack, None, hostile, authorization="Bearer not-a-key")
+        statuses.append(reply.status)
+    cpu_per_request = (cpu_seconds(service) - cpu_before) / len(statuses)
+    print(f"\nitem 4: 10 unauthenticated {len(hostile) / 1e6:.1f} MB bodies, service CPU "
+          f"{cpu_per_request * 1000:.1f} ms per request, statuses {sorted(set(statuses))}")
+    assert statuses == [401] * 10
+    assert (await post(http, stack, "victim", chat(max_tokens=4))).status == 200
+
+
 # -- 5. the content guard reads every prompt field, normalised ----------------------------------------------------
 EVASIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "message name": ("/v1/chat/completions", {"model": "chat", "max_tokens": 4, "messages": [
