@@ -10,7 +10,7 @@ one of policy mode; only the adapter (extproc/server) and the scheduling stage's
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -65,6 +65,17 @@ class GrpcTls(Strict):
         if not value.startswith("/"):
             raise ValueError(f"{value!r} must be an absolute path")
         return value
+
+
+def picker_body_mode(data: Any) -> Any:
+    """The raw policy with envoy.request_body_mode's default: prebuffered in policy mode (the schema's: our rendered
+    Envoy adds the buffer filter), buffered in endpoint-picker mode (the gateway's filter is its owner's)."""
+    if not isinstance(data, dict) or data.get("mode") != "endpoint-picker":
+        return data
+    envoy = data.get("envoy", {})
+    if isinstance(envoy, dict) and "request_body_mode" not in envoy:
+        return {**data, "envoy": {**envoy, "request_body_mode": "buffered"}}
+    return data
 
 
 def endpoint_picker_problems(policy: Policy) -> list[str]:

@@ -7,12 +7,12 @@ request in flight while a reload builds the next one.
 from __future__ import annotations
 
 import ipaddress
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from extproc.autoscale.config import AutoscalingConfig
-from extproc.config.epp import EndpointPickerConfig, GrpcTls, endpoint_picker_problems
+from extproc.config.epp import EndpointPickerConfig, GrpcTls, endpoint_picker_problems, picker_body_mode
 from extproc.endpoints.config import (
     DnsDiscovery,
     HealthPolicy,
@@ -318,17 +318,7 @@ class Policy(Strict):
             return 1
         return max(1, self.limits.replicas or len(self.envoy.extproc_endpoints))
 
-    @model_validator(mode="before")
-    @classmethod
-    def _picker_body_mode(cls, data: Any) -> Any:
-        """envoy.request_body_mode's default is prebuffered in policy mode (our rendered Envoy adds the buffer filter)
-        and buffered in endpoint-picker mode (the gateway's filter is its owner's)."""
-        if not isinstance(data, dict) or data.get("mode") != "endpoint-picker":
-            return data
-        envoy = data.get("envoy", {})
-        if isinstance(envoy, dict) and "request_body_mode" not in envoy:
-            return {**data, "envoy": {**envoy, "request_body_mode": "buffered"}}
-        return data
+    _picker_body_mode = model_validator(mode="before")(picker_body_mode)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:
