@@ -26,10 +26,11 @@ GRPCIO = "+grpcio"
 # policy's default, so that both body modes compare in one run.
 STREAMED = "+streamed"
 BUFFERED = "+buffered"
+PREBUFFERED = "+prebuffered"
 # A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
 # endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
 SHARE = "+share"
-SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED})
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -72,10 +73,10 @@ def front_end(strategy: str) -> str | None:
 def body_mode(strategy: str) -> str | None:
     """The `envoy.request_body_mode` a strategy's suffix asks for, or None for the policy's default.
     Raises ValueError when it asks for both."""
-    flags = strategy_flags(strategy)[1]
-    if STREAMED in flags and BUFFERED in flags:
-        raise ValueError(f"strategy {strategy!r}: {STREAMED} and {BUFFERED} exclude each other")
-    return "streamed" if STREAMED in flags else "buffered" if BUFFERED in flags else None
+    modes = strategy_flags(strategy)[1] & {STREAMED, BUFFERED, PREBUFFERED}
+    if len(modes) > 1:
+        raise ValueError(f"strategy {strategy!r}: {', '.join(sorted(modes))} exclude each other")
+    return next(iter(modes))[1:] if modes else None
 
 
 def shares_scrapes(strategy: str) -> bool:

@@ -10,7 +10,7 @@ one of policy mode; only the adapter (extproc/server) and the scheduling stage's
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
@@ -67,6 +67,17 @@ class GrpcTls(Strict):
         return value
 
 
+def picker_body_mode(data: Any) -> Any:
+    """The raw policy with envoy.request_body_mode's default: prebuffered in policy mode (the schema's: our rendered
+    Envoy adds the buffer filter), buffered in endpoint-picker mode (the gateway's filter is its owner's)."""
+    if not isinstance(data, dict) or data.get("mode") != "endpoint-picker":
+        return data
+    envoy = data.get("envoy", {})
+    if isinstance(envoy, dict) and "request_body_mode" not in envoy:
+        return {**data, "envoy": {**envoy, "request_body_mode": "buffered"}}
+    return data
+
+
 def endpoint_picker_problems(policy: Policy) -> list[str]:
     """What endpoint-picker mode cannot do with this policy (empty in policy mode)."""
     problems: list[str] = []
@@ -76,6 +87,9 @@ def endpoint_picker_problems(policy: Policy) -> list[str]:
                         "sent; use streamed)")
     if policy.mode != "endpoint-picker":
         return problems
+    if policy.envoy.request_body_mode == "prebuffered":
+        problems.append("envoy.request_body_mode prebuffered is policy mode's (our rendered Envoy adds the buffer "
+                        "filter); in endpoint-picker mode the gateway's ext_proc filter is configured by its owner")
     if len(policy.pools) != 1:
         problems.append(f"mode endpoint-picker serves one pool per process (the InferencePool the gateway "
                         f"chose); the policy has {len(policy.pools)}")

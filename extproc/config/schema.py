@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from extproc.autoscale.config import AutoscalingConfig
-from extproc.config.epp import EndpointPickerConfig, GrpcTls, endpoint_picker_problems
+from extproc.config.epp import EndpointPickerConfig, GrpcTls, endpoint_picker_problems, picker_body_mode
 from extproc.endpoints.config import (
     DnsDiscovery,
     HealthPolicy,
@@ -148,9 +148,11 @@ class EnvoyConfig(Strict):
     max_connections: int = Field(default=10_000, ge=1)
     max_pending_requests: int = Field(default=10_000, ge=1)
     max_requests: int = Field(default=10_000, ge=1)
-    # How the rendered ext_proc filter sends request bodies: buffered, streamed (the body right behind the headers;
-    # extproc/xds/ext_proc.py) or full-duplex (endpoint-picker mode only).
-    request_body_mode: Literal["buffered", "streamed", "full-duplex"] = "buffered"
+    # How the rendered ext_proc filter sends request bodies: buffered (the body after the headers reply),
+    # prebuffered (Envoy's buffer filter holds the whole body, then headers and body go together: one round trip),
+    # streamed (the body right behind the headers; extproc/xds/ext_proc.py) or full-duplex (endpoint-picker mode
+    # only).
+    request_body_mode: Literal["buffered", "prebuffered", "streamed", "full-duplex"] = "prebuffered"
 
     @field_validator("extproc_endpoints")
     @classmethod
@@ -317,6 +319,8 @@ class Policy(Strict):
         if self.shares_placements():
             return 1
         return max(1, self.limits.replicas or len(self.envoy.extproc_endpoints))
+
+    _picker_body_mode = model_validator(mode="before")(picker_body_mode)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Policy:

@@ -175,6 +175,16 @@ def held_headers_response(route: Route, pick: PickKey | None) -> ext_pb.Processi
     return response
 
 
+def replacing_headers_response(route: Route, pick: PickKey | None, body: bytes) -> ext_pb.ProcessingResponse:
+    """The held headers reply that also replaces the whole request body (CONTINUE_AND_REPLACE: Envoy sends no
+    later body chunk upstream)."""
+    response = held_headers_response(route, pick)
+    common = response.request_headers.response
+    common.status = ext_pb.CommonResponse.CONTINUE_AND_REPLACE
+    common.body_mutation.body = body
+    return response
+
+
 def streamed_request_body(body: bytes, end_of_stream: bool = True) -> list[ext_pb.ProcessingResponse]:
     """FULL_DUPLEX_STREAMED: the request body Envoy sends upstream, in pieces (Envoy holds what it sent us)."""
     pieces = [body[at:at + STREAMED_PIECE] for at in range(0, len(body), STREAMED_PIECE)] or [b""]

@@ -23,7 +23,7 @@ import yaml
 
 from extproc.config import EnvoyConfig, Policy, PoolConfig
 from extproc.config.schema import parse_endpoint
-from extproc.xds.ext_proc import ext_proc_filter
+from extproc.xds.ext_proc import buffer_filter, ext_proc_filter, request_buffer_bytes
 from extproc.xds.local_reply import local_reply_config, unrouted_response
 from extproc.xds.logs import (
     AUDIT_FORMAT,
@@ -90,6 +90,7 @@ def http_filters(policy: Policy) -> list[dict[str, Any]]:
                 "mutations": {"request_mutations": strip, "response_mutations": ratelimit_response_headers()},
             },
         },
+        *buffer_filter(policy),
         ext_proc_filter(policy),
         *usage_filters(),
         {"name": "envoy.filters.http.router",
@@ -168,7 +169,7 @@ def listener(policy: Policy, rds: dict[str, Any]) -> dict[str, Any]:
         "name": LISTENER,
         "address": _address(envoy.listen_host, envoy.listen_port),
         # The request body is buffered for ext_proc: allow the policy's max body plus headroom.
-        "per_connection_buffer_limit_bytes": policy.bounds.max_body_bytes + 65536,
+        "per_connection_buffer_limit_bytes": request_buffer_bytes(policy),
         "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager",
                                         "typed_config": hcm}]}],
     }

@@ -44,6 +44,8 @@ POLICIES = {
     # request timeout.
     "streamed": {"policy": {"envoy": {"request_body_mode": "streamed"}}},
     "streamed-no-request-timeout": {"policy": {"envoy": {"request_body_mode": "streamed", "request_timeout_s": 0}}},
+    # Two round trips to the service (the body after the headers reply), no buffer filter.
+    "buffered": {"policy": {"envoy": {"request_body_mode": "buffered"}}},
     "discovery": {"policy": {"pools": [
         {"name": "chat", "model": "m-chat", "discovery": {"dns": "vllm-chat.llm.svc.cluster.local", "port": 8000}},
         {"name": "code", "model": "m-code", "discovery": {"dns": "vllm-code.llm.svc.cluster.local", "port": 8001,
@@ -103,7 +105,8 @@ def test_ext_proc_is_inserted_before_the_router_as_rendered(chart: Chart, mode: 
     expected = renderer_filter(policy, "envoy.filters.http.ext_proc")["typed_config"]
     assert ours["processing_mode"] == expected["processing_mode"]
     assert ours["processing_mode"]["request_header_mode"] == "SEND"
-    assert ours["processing_mode"]["request_body_mode"] == policy.envoy.request_body_mode.upper()
+    assert ours["processing_mode"]["request_body_mode"] == (
+        "BUFFERED" if policy.envoy.request_body_mode == "buffered" else "STREAMED")
     assert ours["processing_mode"]["response_header_mode"] == "SKIP"  # rate-limit headers come from metadata
     assert "allow_mode_override" not in ours  # nothing turns the response phase on per request
     assert ours["failure_mode_allow"] is expected["failure_mode_allow"] is True  # the route table fails closed
@@ -314,7 +317,10 @@ def test_optional_patches_can_be_turned_off(chart: Chart) -> None:
     objects = chart.template({"istio": {"patchBufferLimit": False, "accessLog": False, "usageMetadata": {"json": False},
                                         "earlyHeaderMutation": False, "requestTimeouts": False,
                                         "routing": {"poolClusters": "none", "routeName": ""}}})
-    assert [p["applyTo"] for p in find(objects, "EnvoyFilter")["spec"]["configPatches"]] == ["HTTP_FILTER"] * 2
+    patches = find(objects, "EnvoyFilter")["spec"]["configPatches"]
+    # ext_proc, header_mutation, and the buffer filter of the default (prebuffered) body mode, which is not optional
+    assert [p["applyTo"] for p in patches] == ["HTTP_FILTER"] * 3
+    assert patches[2]["patch"]["value"]["name"] == "envoy.filters.http.buffer"
 
 
 def test_dedicated_extproc_cluster_targets_the_headless_service(chart: Chart) -> None:

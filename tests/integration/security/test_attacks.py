@@ -212,6 +212,24 @@ async def test_item4_hostile_bodies_are_cheap_and_do_not_starve_others(stack: St
     await eventually(served_again, "the attacker's own model served once its budget refilled", timeout_s=10.0)
 
 
+async def test_item4_unauthenticated_bodies_are_refused_unparsed(stack: Stack, http: aiohttp.ClientSession) -> None:
+    """The default body mode (prebuffered) sends the body with the headers: an unknown key's 3.5 MB body reaches
+    the service, which refuses it at the headers (401) and never reads the body's message (its size and CPU
+    are printed; buffered answered before the upload ended)."""
+    hostile = json.dumps({"model": "chat", "messages": [{"role": "user", "content": "hi"}] * 100_000}).encode()
+    service = stack.children["service"].pid
+    cpu_before = cpu_seconds(service)
+    statuses = []
+    for _ in range(10):
+        reply = await post(http, stack, None, hostile, authorization="Bearer not-a-key")
+        statuses.append(reply.status)
+    cpu_per_request = (cpu_seconds(service) - cpu_before) / len(statuses)
+    print(f"\nitem 4: 10 unauthenticated {len(hostile) / 1e6:.1f} MB bodies, service CPU "
+          f"{cpu_per_request * 1000:.1f} ms per request, statuses {sorted(set(statuses))}")
+    assert statuses == [401] * 10
+    assert (await post(http, stack, "victim", chat(max_tokens=4))).status == 200
+
+
 # -- 5. the content guard reads every prompt field, normalised ----------------------------------------------------
 EVASIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "message name": ("/v1/chat/completions", {"model": "chat", "max_tokens": 4, "messages": [
@@ -360,12 +378,12 @@ async def test_item9_models_listing_needs_a_key_and_shows_only_allowed_models(st
         assert [m["id"] for m in (await response.json())["data"]] == TENANTS["lister"][2]
 
 
-@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "streamed"])
+@pytest_asyncio.fixture(loop_scope="module", scope="module", params=["buffered", "prebuffered", "streamed"])
 async def impatient(request: pytest.FixtureRequest,
                     tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Stack]:
     """Short bounds on slow clients (they must exceed the longest admission-queue wait: no queue here), with the
-    body buffered and streamed (there the headers reply is held while the client uploads: Envoy's message timer
-    must not cut it short of the request timeout)."""
+    body buffered, prebuffered (Envoy's buffer filter holds the upload) and streamed (there the headers reply is
+    held while the client uploads: Envoy's message timer must not cut it short of the request timeout)."""
     workdir: Path = tmp_path_factory.mktemp(f"impatient-{request.param}")
     envoy = {"request_headers_timeout_s": 1, "request_timeout_s": 2, "request_body_mode": request.param}
     async with ProcessGroup(workdir / "logs") as group:

@@ -1,6 +1,7 @@
 """Real Envoy + our service + the simulated fleet on 127.0.0.1: routing, errors, streaming, failure mode; every test
 once per request body mode of policy mode (buffered: the body after the headers reply; streamed: the body right
-behind the headers, the headers reply held until the body is decided) and per front end of the gRPC port."""
+behind the headers, the headers reply held until the body is decided; prebuffered: Envoy's buffer filter holds the
+whole body, then headers and body go together) and per front end of the gRPC port."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ SMALL = SimPool("small", "org/small-1b", 1, aliases=("small",))
 
 
 @pytest_asyncio.fixture(loop_scope="module", scope="module",
-                        params=["buffered/grpcio", "streamed/grpcio", "buffered/lean", "streamed/lean"])
+                        params=[f"{mode}/{front}" for front in ("grpcio", "lean")
+                                for mode in ("buffered", "streamed", "prebuffered")])
 async def stack(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[tuple[Stack, ProcessGroup]]:
     """Once per request body mode and front end (grpc.aio, or the lean HTTP/2 one: extproc/server/h2/)."""
@@ -153,6 +155,33 @@ async def test_the_exchange_holds_its_endpoint_until_it_ends(
         assert await in_flight() == 1
         await response.read()
     await eventually(released, "the endpoint released")
+
+
+# ext_proc messages Envoy sends per routed JSON request with a body (headers, body chunks; the response sends none
+# without trailers): streamed adds the empty end-of-stream chunk Envoy's HTTP/1 codec follows the data with.
+MESSAGES_PER_REQUEST = {"buffered": 2, "streamed": 3, "prebuffered": 2}
+
+
+async def envoy_counter(http: aiohttp.ClientSession, s: Stack, suffix: str) -> int:
+    async with http.get(f"{s.envoy_admin_url}/stats?filter=ext_proc") as response:
+        return sum(int(line.rpartition(": ")[2]) for line in (await response.text()).splitlines()
+                   if line.partition(":")[0].endswith(suffix))
+
+
+async def test_ext_proc_messages_per_request(stack: tuple[Stack, ProcessGroup], http: aiohttp.ClientSession) -> None:
+    """Prebuffered costs what buffered costs (2 messages each way) in one round trip: the body reaches the service
+    whole, in one chunk, without waiting for the headers reply."""
+    s, _ = stack
+    mode = s.policy.envoy.request_body_mode
+    words = " ".join(f"w{n}" for n in range(2_000))  # ~12 KB, like a long prompt
+    before = await envoy_counter(http, s, ".stream_msgs_sent")
+    for _ in range(10):
+        async with http.post(url(s, "/v1/chat/completions"),
+                             json=chat_body("chat", messages=[{"role": "user", "content": words}])) as response:
+            assert response.status == 200, await response.text()
+            await response.read()
+    sent = await envoy_counter(http, s, ".stream_msgs_sent") - before
+    assert sent == 10 * MESSAGES_PER_REQUEST[mode]
 
 
 async def test_a_200_kb_prompt_is_routed_on_its_body_and_arrives_whole(

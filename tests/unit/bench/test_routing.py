@@ -122,11 +122,12 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
     routing._use_profile(stack, plan.layout.pools, "variant+share+noflow")
     assert stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
-    assert stack.policy.envoy.request_body_mode == "buffered"  # the policy's default without a body-mode suffix
+    assert stack.policy.envoy.request_body_mode == "prebuffered"  # the policy's default without a body-mode suffix
     routing._use_profile(stack, plan.layout.pools, "variant+streamed")
     assert stack.policy.envoy.request_body_mode == "streamed" and stack.policy.flow_control.enabled
     lds = yaml.safe_load((tmp_path / "envoy" / "lds.yaml").read_text())  # what Envoy loads for this strategy
     ext_proc = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
+    assert ext_proc["name"] == "envoy.filters.http.ext_proc"  # no buffer filter ahead of it
     assert ext_proc["typed_config"]["send_body_without_waiting_for_header_response"] is True
     assert ext_proc["typed_config"]["processing_mode"]["request_body_mode"] == "STREAMED"
     routing._use_profile(stack, plan.layout.pools, "variant+buffered+grpcio")

@@ -9,6 +9,7 @@ from extproc.bench.routing_options import (
     GRPCIO,
     LEAN,
     NOFLOW,
+    PREBUFFERED,
     SHARE,
     STREAMED,
     PrefixShape,
@@ -53,9 +54,12 @@ def test_body_mode_suffixes_override_the_policy_and_exclude_each_other() -> None
     assert body_mode("default") is None and body_mode(f"default{LEAN}{NOFLOW}@3") is None
     assert body_mode(f"default{STREAMED}") == "streamed" and body_mode(f"default{LEAN}{STREAMED}@2") == "streamed"
     assert body_mode(f"default{BUFFERED}{NOFLOW}") == "buffered"
+    assert body_mode(f"default{PREBUFFERED}@2") == "prebuffered"
     assert split_strategy(f"default{STREAMED}{NOFLOW}") == ("default", False)
     with pytest.raises(ValueError, match="exclude each other"):
         body_mode(f"default{STREAMED}{BUFFERED}")
+    with pytest.raises(ValueError, match="exclude"):
+        body_mode(f"default{PREBUFFERED}{BUFFERED}")
 
 
 def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others() -> None:

@@ -42,6 +42,7 @@ pools: [{name: chat, model: m, inference_pool: {name: vllm-chat, namespace: llm}
     ("service: {tls: {cert_file: cert.pem, key_file: /k}}\n" + ONE_POOL, "absolute path"),
     ("mode: picker\n" + ONE_POOL, "mode"),
     ("endpoint_picker: {shed_status: 500}\n" + ONE_POOL, "shed_status"),
+    ("mode: endpoint-picker\nenvoy: {request_body_mode: prebuffered}\n" + ONE_POOL, "prebuffered is policy mode's"),
     ("pools: [{name: a, model: a, endpoints: ['10.0.0.1:1'], cluster: 'bad cluster'}]\n", "cluster"),
 ])
 def test_what_endpoint_picker_mode_refuses(text: str, message: str) -> None:
@@ -56,3 +57,13 @@ def test_the_example_policy_is_an_endpoint_picker() -> None:
 
     policy = load_policy(Path(__file__).parents[3] / "policies" / "endpoint-picker.yaml")
     assert policy.mode == "endpoint-picker" and len(policy.pools) == 1
+
+
+def test_the_request_body_mode_default_depends_on_the_mode() -> None:
+    """Policy mode: prebuffered (one round trip to the service, our rendered Envoy's buffer filter); endpoint-picker
+    mode: buffered (the gateway's ext_proc filter is configured by its owner)."""
+    assert parse_policy(ONE_POOL).envoy.request_body_mode == "prebuffered"
+    assert parse_policy("mode: endpoint-picker\n" + ONE_POOL).envoy.request_body_mode == "buffered"
+    assert parse_policy("mode: endpoint-picker\nenvoy: {message_timeout_ms: 500}\n" + ONE_POOL).envoy == \
+        parse_policy("mode: endpoint-picker\nenvoy: {message_timeout_ms: 500, request_body_mode: buffered}\n"
+                     + ONE_POOL).envoy

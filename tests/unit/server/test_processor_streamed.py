@@ -10,6 +10,7 @@ from typing import Any
 
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext_pb
 
+from extproc.server.processor import StreamProcessor
 from tests.unit.server.test_processor import CHAT, HEAD, POLICY, FakeContext, in_flight, make
 from tests.unit.server.test_processor_modes import Mode, chunk, headers
 
@@ -39,7 +40,10 @@ class Recording(FakeContext):
         return await super().read()
 
 
-async def run(messages: list[ext_pb.ProcessingRequest], policy: str = POLICY) -> tuple[Recording, Any]:
+STREAMED = POLICY + "envoy: {request_body_mode: streamed}\n"  # (the default, prebuffered, decides on one chunk)
+
+
+async def run(messages: list[ext_pb.ProcessingRequest], policy: str = STREAMED) -> tuple[Recording, Any]:
     service, registry, _ = make(policy)
     context = Recording(messages)
     await service.Process(None, context)  # type: ignore[arg-type]
@@ -81,7 +85,7 @@ async def test_a_declared_length_that_lies_short_is_not_parsed_as_complete() -> 
 
 async def test_an_immediate_answer_ends_the_stream_without_reading_the_rest_of_the_body() -> None:
     # A hostile body keeps coming after the refusal: the service stops reading it (and pays nothing for it).
-    policy = POLICY + "bounds: {max_body_bytes: 2048}\n"
+    policy = STREAMED + "bounds: {max_body_bytes: 2048}\n"
     big = b"x" * 1500
     messages = [headers(Mode.STREAMED, without_waiting=True), *(chunk(big, False) for _ in range(50)),
                 chunk(b"", True)]
@@ -125,3 +129,38 @@ async def test_a_body_arriving_with_its_headers_is_never_nudged() -> None:
     policy = POLICY + "envoy: {message_timeout_ms: 10, request_body_mode: streamed}\n"
     context, _ = await run([streamed(SERVED_NAME), chunk(SERVED_NAME, False), chunk(b"", True)], policy)
     assert "override_message_timeout" not in kinds(context.written)
+
+
+async def test_prebuffered_the_whole_body_follows_its_headers_in_one_chunk_one_reply_each() -> None:
+    # Envoy's buffer filter ahead of ext_proc: the headers, then the whole body as one chunk ending the stream.
+    policy = POLICY + "envoy: {request_body_mode: prebuffered}\n"
+    context, _ = await run([streamed(SERVED_NAME), chunk(SERVED_NAME, True)], policy)
+    assert kinds(context.written) == ["request_headers", "request_body"]
+    held = context.written[0].request_headers.response
+    assert held.clear_route_cache and held.status == ext_pb.CommonResponse.CONTINUE  # the body stays Envoy's
+    assert context.written[1] == ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse())
+
+
+def test_prebuffered_holds_the_headers_reply_but_never_waits_on_an_upload() -> None:
+    """The client's upload ended before Envoy sent the headers: no timer to extend (streamed: there is)."""
+    for mode, uploading in (("prebuffered", False), ("streamed", True)):
+        service, _, _ = make(POLICY + f"envoy: {{request_body_mode: {mode}}}\n")
+        stream = StreamProcessor(service._gateway)
+        assert stream.handle(streamed(SERVED_NAME), "request_headers") is None  # held until the body is decided
+        assert stream.uploading is uploading
+
+
+async def test_prebuffered_decides_on_the_first_chunk_when_request_trailers_follow_it() -> None:
+    # An HTTP/2 body without content-length ended by trailers: Envoy's buffer filter passes the whole body as one
+    # chunk without end_of_stream and holds the trailers while the headers reply is outstanding.
+    policy = POLICY + "envoy: {request_body_mode: prebuffered}\n"
+    head = headers(Mode.STREAMED, without_waiting=True, head=HEAD)
+    context, _ = await run([head, chunk(SERVED_NAME, False)], policy)
+    assert kinds(context.written) == ["request_headers", "request_body"]
+    # Envoy 1.40 would forward more than the answered chunk: the headers reply replaces the whole body instead
+    replaced = context.written[0].request_headers.response
+    assert replaced.status == ext_pb.CommonResponse.CONTINUE_AND_REPLACE and replaced.clear_route_cache
+    assert replaced.body_mutation.body == SERVED_NAME
+    assert context.written[1].request_body.response.body_mutation.clear_body
+    streamed_context, _ = await run([head, chunk(SERVED_NAME, False)])  # streamed: waits for the body's end
+    assert kinds(streamed_context.written) == []

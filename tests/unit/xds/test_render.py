@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from extproc.config import parse_policy
@@ -48,18 +49,22 @@ def test_filter_chain_order_and_processing_mode() -> None:
     assert listener["per_connection_buffer_limit_bytes"] > 100000
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
     names = [f["name"] for f in hcm["http_filters"]]
-    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.ext_proc",
+    # prebuffered (the default): the buffer filter holds the whole body before ext_proc sees the request
+    assert names == ["envoy.filters.http.header_mutation", "envoy.filters.http.buffer", "envoy.filters.http.ext_proc",
                      "envoy.filters.http.json_to_metadata", "envoy.filters.http.sse_to_metadata",
                      "envoy.filters.http.router"]
+    assert hcm["http_filters"][1]["typed_config"]["max_request_bytes"] == listener["per_connection_buffer_limit_bytes"]
     removed = [m["remove"] for m in hcm["http_filters"][0]["typed_config"]["mutations"]["request_mutations"]]
     assert removed == ["x-pool", "x-dest", "x-tenant-id", "x-tenant-tier"]
     early = hcm["early_header_mutation_extensions"][0]["typed_config"]["mutations"]
     assert [m["remove"] for m in early] == removed  # stripped before the route is chosen, too
     assert hcm["access_log"][0]["typed_config"]["common_config"]["grpc_service"]["envoy_grpc"]["cluster_name"] == (
         "extproc")
-    ext_proc = hcm["http_filters"][1]["typed_config"]
+    ext_proc = hcm["http_filters"][2]["typed_config"]
     assert ext_proc["processing_mode"]["request_header_mode"] == "SEND"
-    assert ext_proc["processing_mode"]["request_body_mode"] == "BUFFERED"
+    # headers and the whole body together: the body without waiting for the headers reply, one chunk
+    assert ext_proc["processing_mode"]["request_body_mode"] == "STREAMED"
+    assert ext_proc["send_body_without_waiting_for_header_response"] is True
     assert ext_proc["message_timeout"] == "0.25s"
     # Nothing of the response goes to the service: the rate-limit headers come from its metadata, each one, and
     # replace an upstream's copy; an empty value (no such metadata) adds nothing.
@@ -222,20 +227,28 @@ def test_envoy_tracer_is_rendered_only_with_tracing_on() -> None:
     assert "tracing" not in hcm and "otel_collector" not in clusters
 
 
-def test_a_streamed_policy_sends_the_body_without_waiting_and_keeps_the_stream_to_the_end() -> None:
-    policy = parse_policy(POLICY_TEXT + "envoy: {request_body_mode: streamed}\n")
-    buffered = render_static(POLICY)["static_resources"]["listeners"][0]
+@pytest.mark.parametrize("mode", ["streamed", "prebuffered"])
+def test_a_streamed_policy_sends_the_body_without_waiting_and_keeps_the_stream_to_the_end(mode: str) -> None:
+    policy = parse_policy(POLICY_TEXT + f"envoy: {{request_body_mode: {mode}}}\n")
+    buffered = render_static(parse_policy(POLICY_TEXT + "envoy: {request_body_mode: buffered}\n"))[
+        "static_resources"]["listeners"][0]
     listener = render_static(policy)["static_resources"]["listeners"][0]
-    ext_proc = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]["typed_config"]
-    mode = ext_proc["processing_mode"]
-    assert (mode["request_body_mode"], mode["request_header_mode"]) == ("STREAMED", "SEND")
+    filters = listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"]
+    # prebuffered: Envoy's buffer filter first, so that the whole body follows the headers as one chunk
+    assert [f["name"] for f in filters[1:-4]] == (["envoy.filters.http.buffer"] if mode == "prebuffered" else [])
+    ext_proc = filters[-4]["typed_config"]
+    processing = ext_proc["processing_mode"]
+    assert (processing["request_body_mode"], processing["request_header_mode"]) == ("STREAMED", "SEND")
     assert ext_proc["send_body_without_waiting_for_header_response"] is True
     # Nothing of the response is processed, but the trailers keep the gRPC stream to the exchange's end.
-    assert (mode["response_header_mode"], mode["response_body_mode"], mode["response_trailer_mode"]) == (
+    assert (processing["response_header_mode"], processing["response_body_mode"],
+            processing["response_trailer_mode"]) == (
         "SKIP", "NONE", "SEND")
-    # A client's upload while the headers reply is held may take up to the request timeout.
+    # Streamed: a client's upload while the headers reply is held may take up to the request timeout (prebuffered:
+    # the upload ended before the headers were sent, the timers are buffered's).
     hcm = listener["filter_chains"][0]["filters"][0]["typed_config"]
-    assert float(ext_proc["max_message_timeout"].rstrip("s")) > float(hcm["request_timeout"].rstrip("s"))
+    longest = float(ext_proc["max_message_timeout"].rstrip("s"))
+    assert (longest > float(hcm["request_timeout"].rstrip("s"))) is (mode == "streamed")
     assert ext_proc["failure_mode_allow"] is True  # routed exchanges still outlive the service
     plain = buffered["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]["typed_config"]
     assert "send_body_without_waiting_for_header_response" not in plain

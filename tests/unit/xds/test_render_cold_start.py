@@ -19,7 +19,7 @@ pools:
 def timers(cold_s: float) -> tuple[str, str]:
     files = render_files(parse_policy(POOLS % cold_s), Path("/cfg"))
     hcm = files["lds.yaml"]["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    ext_proc = hcm["http_filters"][1]["typed_config"]
+    ext_proc = next(f for f in hcm["http_filters"] if f["name"] == "envoy.filters.http.ext_proc")["typed_config"]
     return ext_proc["max_message_timeout"], hcm["request_timeout"]
 
 
