@@ -30,6 +30,7 @@ from extproc.openai import errors as oai
 from extproc.scheduling import Explanation
 from extproc.server import protocol
 from extproc.server.grpc_auth import authorized, refuse
+from extproc.server.nudge import UploadNudge
 from extproc.telemetry import GatewayMetrics
 
 if TYPE_CHECKING:  # the SDK is imported only when tracing is on (extproc/telemetry/tracing.py)
@@ -273,28 +274,6 @@ class StreamProcessor:
         self.span = None
 
 
-class _UploadNudge:
-    """A client pausing mid-upload while the headers reply is held (STREAMED) would meet Envoy's per-message
-    timer (message_timeout: failure mode, a 500) before its request timeout (408). When nothing arrives for half
-    that timer, the stream asks Envoy for more time (override_message_timeout, capped by the rendered
-    max_message_timeout), once per message Envoy sent. Never fires for a body that arrives with its headers."""
-
-    __slots__ = ("context", "writing")
-
-    def __init__(self, context: grpc.aio.ServicerContext[Any, Any]) -> None:
-        self.context = context
-        self.writing: asyncio.Future[None] | None = None
-
-    def fire(self, seconds: float) -> None:
-        self.writing = asyncio.ensure_future(self.context.write(protocol.extend_message_timeout(seconds)))
-
-    async def settle(self) -> None:
-        """Before the stream writes again: the override in flight goes first (one write at a time)."""
-        if self.writing is not None:
-            writing, self.writing = self.writing, None
-            await writing
-
-
 class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
     def __init__(self, gateway: Gateway, store: Store, token: str | None = None,
                  metrics: GatewayMetrics | None = None, tracer: DecisionTracer | None = None) -> None:
@@ -326,11 +305,11 @@ class ExternalProcessorService(ext_grpc.ExternalProcessorServicer):  # type: ign
         # read()/write() on the context instead of an async generator: one less layer per message.
         tracer = self._tracer
         stream = StreamProcessor(self._gateway, tracer, None if tracer is None else context.invocation_metadata())
-        nudge: _UploadNudge | None = None
+        nudge: UploadNudge | None = None
         try:
             while True:
                 if stream.uploading:
-                    nudge = nudge or _UploadNudge(context)
+                    nudge = nudge or UploadNudge(context)
                     policy = self._gateway.runtimes.current.policy
                     timer = asyncio.get_running_loop().call_later(
                         policy.envoy.message_timeout_ms / 2000, nudge.fire, policy.request_timeout_s() or 3600.0)

@@ -37,7 +37,7 @@ HOLDS_HEADERS = frozenset({"prebuffered", "streamed"})
 def max_message_timeout_s(policy: Policy) -> float:
     """How long the service may make Envoy wait for a reply: a queued request's class's longest wait plus slack;
     streamed, also a client's upload while the headers reply is held (up to the request timeout, which answers
-    408 itself: extproc/server/processor.py `_UploadNudge`). Prebuffered holds the reply only once the whole body
+    408 itself: extproc/server/nudge.py `UploadNudge`). Prebuffered holds the reply only once the whole body
     has arrived: no upload to wait for, the timers are buffered's."""
     longest = policy.longest_wait_s()
     max_wait_s = longest + MESSAGE_TIMEOUT_SLACK_S + 1.0 if longest > 0 else 0.0
