@@ -29,7 +29,8 @@ SENT_KEPT = 8192  # (anchor, endpoint) pairs whose last send is remembered (leas
 
 
 class PrefixPairs:
-    __slots__ = ("_counts", "_ends", "_homed", "_paired_at", "_sent", "every_s", "refresh_s", "wanted")
+    __slots__ = ("_counts", "_ends", "_homed", "_paired_at", "_pairs", "_sent", "_traffic", "every_s", "refresh_s",
+                 "wanted")
 
     def __init__(self, wanted: float, decay_s: float, every_s: float, refresh_s: float, capacity: int) -> None:
         self.wanted = wanted
@@ -40,11 +41,21 @@ class PrefixPairs:
         self._sent: OrderedDict[tuple[int, str], float] = OrderedDict()
         self._paired_at = -float("inf")
         self._ends: OrderedDict[int, None] = OrderedDict()
+        self._pairs: OrderedDict[int, None] = OrderedDict()  # chain keys of the prefixes given a second home
+        self._traffic = PrefixDemand(decay_s, 1)  # every request the scorer places, decaying like the counts
 
-    def count(self, keys: Sequence[int], now: float) -> bool:
+    def seen(self, now: float) -> None:
+        """One request of the pool, whatever its prefix."""
+        self._traffic.count(None, now)
+
+    def traffic(self, now: float) -> float:
+        """The pool's recent requests (decaying like a prefix's counts)."""
+        return self._traffic.total(now)
+
+    def count(self, keys: Sequence[int], now: float, least: float = 0.0) -> bool:
         """Count one request whose deepest known prefix ends at one of `keys` (the last blocks of its chain that
         its homes hold, so that requests differing by a first word of their question count for the same prefix);
-        whether a second home is due: one of them reached `wanted` requests and none was placed within
+        whether a second home is due: one of them reached `wanted` requests (and `least`) and none was placed within
         `every_s`."""
         if keys and keys[-1] in self._ends:
             return False
@@ -52,7 +63,7 @@ class PrefixPairs:
         for key in keys:
             self._counts.count(key, now)
             most = max(most, self._counts.requests(key, now))
-        return most >= self.wanted and now - self._paired_at >= self.every_s
+        return most >= max(self.wanted, least) and now - self._paired_at >= self.every_s
 
     def ends(self, key: int) -> None:
         self._ends.pop(key, None)
@@ -60,9 +71,19 @@ class PrefixPairs:
         if len(self._ends) > SENT_KEPT:
             self._ends.popitem(last=False)
 
-    def paired(self, now: float) -> None:
-        """A second home was placed now."""
+    def paired(self, keys: Sequence[int], now: float) -> None:
+        """A second home was placed now for the prefix whose chain's last blocks are `keys`."""
         self._paired_at = now
+        for key in keys:
+            self._pairs.pop(key, None)
+            self._pairs[key] = None
+        while len(self._pairs) > SENT_KEPT:
+            self._pairs.popitem(last=False)
+
+    def is_paired(self, keys: Sequence[int]) -> bool:
+        """Whether a second home was placed for a prefix ending at one of `keys` (other prefixes with several
+        homes, split by demand or moved off a hot home, are followed as without pairs)."""
+        return any(key in self._pairs for key in keys)
 
     def sent(self, anchor: int, address: str, now: float, new_home_tokens: float) -> None:
         """A prompt of the family `anchor` was sent to `address`; `new_home_tokens`: its prompt tokens when nothing
@@ -77,6 +98,9 @@ class PrefixPairs:
 
     def homed(self, address: str, now: float) -> float:
         return self._homed.tokens(address, now)
+
+    def last_sent(self, anchor: int, address: str) -> float:
+        return self._sent.get((anchor, address), -float("inf"))
 
     def stalest(self, anchor: int, addresses: Sequence[str], now: float) -> int | None:
         """The index of the endpoint in `addresses` sent the family `anchor` longest ago, when that is more than
