@@ -139,6 +139,8 @@ class Params:
     # A prefix is paired only once its counted requests are at least pair_share of an endpoint's fair share of the
     # pool's (0: any).
     pair_share: float = 0.0
+    pair_room: float = 0.0
+    pair_written_ms: float = 0.0
     pair_hold_ms: float = 10000.0
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
@@ -169,7 +171,8 @@ class PrefixAffinityScorer:
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
         self.pairs = PrefixPairs(params.pair_requests, params.pair_decay_ms / 1000.0, params.pair_every_ms / 1000.0,
-                                 params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
+                                 params.pair_refresh_ms / 1000.0, DEMAND_KEPT, params.pair_written_ms / 1000.0
+                                 ) if params.pair_requests > 0 else None
         self.room = KvRoom(params.pair_shortfall, params.pair_hold_ms / 1000.0) if (
             self.pairs is not None and params.pair_shortfall > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
@@ -208,16 +211,19 @@ class PrefixAffinityScorer:
             pairs.seen(request.now)
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
-        if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest, count,
+        if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest,
                                                         sum(loads) / count >= self.params.pair_load and not (
                                                             room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
             order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
-            return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
+            order = [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
+            if self._roomy(endpoints[order[0]], homed[order[0]] + request.prompt_tokens):
+                pairs.paired(blocks[max(1, near) - 1:deepest], request.now)
+                return order
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
-            if pairs is None or not pairs.is_paired(blocks[max(1, near) - 1:deepest]):
+            if pairs is None or not pairs.is_paired(blocks[max(1, near) - 1:deepest], anchor):
                 home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             else:
                 home = self._pick_home(pairs, request, follow, addresses, depth, loads, rank, anchor)
@@ -270,26 +276,30 @@ class PrefixAffinityScorer:
         homes = sum(1 for d in depth if d >= near)
         return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
 
-    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int, endpoints: int,
+    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int,
               busy: bool) -> bool:
         """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
         is due now: the prefix is asked often enough, the pool is `busy`, and fewer than two endpoints of the whole
         pool hold it (the candidates may lack a saturated home, which must not make a third)."""
-        least = self.params.pair_share * pairs.traffic(now) / endpoints
-        if not pairs.count(blocks[max(1, near) - 1:deepest], now, least) or not busy:
+        family = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
+        if not pairs.count(blocks[max(1, near) - 1:deepest], now, 0.0, family) or not busy:
             return False
-        if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
-            return False
-        pairs.paired(blocks[max(1, near) - 1:deepest], now)
-        return True
+        return sum(1 for d in self.directory.depths(blocks).values() if d >= near) < 2
+
+    def _roomy(self, endpoint: Endpoint, tokens: float) -> bool:
+        """Whether `tokens` of prefixes placed on `endpoint` fit in `pair_room` of its KV cache (scraped size)."""
+        metrics = self.params.pair_room > 0 and endpoint.metrics
+        return not metrics or tokens <= self.params.pair_room * metrics.num_gpu_blocks * metrics.block_size
 
     def _pick_home(self, pairs: PrefixPairs, request: SchedulingRequest, follow: list[int], addresses: list[str],
                    depth: list[int], loads: list[float], rank: list[int], anchor: int) -> int:
         """With second homes on: among the homes to follow, the one with the least prefill backlog (not rounded:
         two homes of a prefix differ by a question or two), the least recently sent this prefix on a tie; but a
         home not sent its prompt family for `pair_refresh_ms` first, so that the engine keeps it cached."""
-        room = self.room
-        if len(follow) > 1 and room is not None and room.pool_evicting:  # keep to one home, let the other go
+        room, now = self.room, request.now
+        window = request.prefix_blocks[max(1, min(depth[i] for i in follow)) - 1:max(depth)]
+        rare = pairs.requests(window, now) < self.params.pair_share * pairs.traffic(now) / len(depth)
+        if len(follow) > 1 and (rare or (room is not None and room.pool_evicting)):  # keep to one home
             return max(follow, key=lambda i: pairs.last_sent(anchor, addresses[i]))
         if len(follow) > 1:
             stale = pairs.stalest(anchor, [addresses[i] for i in follow], request.now)
@@ -359,7 +369,9 @@ class PrefixAffinityScorer:
         held, fresh = self.directory.record(blocks, endpoint.address)
         if self.pairs is not None:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
+            uncached = request.prompt_tokens * (1.0 - held / len(blocks))
+            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens,
+                            uncached + (request.max_output_tokens or 0))
             self.pairs.ends(blocks[-1])
             if self.room is not None:
                 self.room.sent(anchor, endpoint.address, request.prompt_tokens,
