@@ -43,10 +43,6 @@ class PrefixDemand:
         entry = self._keys.get(key)
         return self._decayed(entry, now) if entry else 0.0
 
-    def total(self, now: float) -> float:
-        """The decayed count of all requests."""
-        return self._decayed(self._total, now)
-
     def share(self, key: int, now: float) -> float:
         """`key`'s part of all requests counted, in [0, 1]."""
         total = self._decayed(self._total, now)

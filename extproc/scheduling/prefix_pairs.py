@@ -29,57 +29,31 @@ SENT_KEPT = 8192  # (anchor, endpoint) pairs whose last send is remembered (leas
 
 
 class PrefixPairs:
-    __slots__ = ("_conversations", "_counts", "_ends", "_homed", "_paired_at", "_pairs", "_sent", "_traffic",
-                 "_written", "every_s", "refresh_s", "wanted")
+    __slots__ = ("_counts", "_ends", "_homed", "_paired_at", "_pairs", "_sent", "every_s", "refresh_s", "wanted")
 
-    def __init__(self, wanted: float, decay_s: float, every_s: float, refresh_s: float, capacity: int,
-                 written_s: float = 0.0) -> None:
+    def __init__(self, wanted: float, decay_s: float, every_s: float, refresh_s: float, capacity: int) -> None:
         self.wanted = wanted
         self.every_s = every_s
         self.refresh_s = refresh_s
         self._counts = PrefixDemand(decay_s, capacity)
         self._homed = PrefillBacklog(HOMED_DECAY_S)
-        self._written = PrefillBacklog(written_s)  # KV blocks written there lately (new prompt and output tokens)
         self._sent: OrderedDict[tuple[int, str], float] = OrderedDict()
         self._paired_at = -float("inf")
         self._ends: OrderedDict[int, None] = OrderedDict()
         self._pairs: OrderedDict[int, None] = OrderedDict()  # chain keys of the prefixes given a second home
-        self._conversations: OrderedDict[int, None] = OrderedDict()  # families (anchors) seen continued
-        self._traffic = PrefixDemand(decay_s, 1)  # every request the scorer places, decaying like the counts
 
-    def seen(self, now: float) -> None:
-        """One request of the pool, whatever its prefix."""
-        self._traffic.count(None, now)
-
-    def traffic(self, now: float) -> float:
-        """The pool's recent requests (decaying like a prefix's counts)."""
-        return self._traffic.total(now)
-
-    def count(self, keys: Sequence[int], now: float, least: float = 0.0, family: int | None = None) -> bool:
+    def count(self, keys: Sequence[int], now: float) -> bool:
         """Count one request whose deepest known prefix ends at one of `keys` (the last blocks of its chain that
         its homes hold, so that requests differing by a first word of their question count for the same prefix);
-        whether a second home is due: one of them reached `wanted` requests (and `least`) and none was placed within
-        `every_s`. A request that continues an earlier prompt (a conversation's next turn) marks its `family`
-        (anchor) as conversations: those are not paired (their turns follow their own history's home, and a second
-        home of their system prompt only spread the conversations' histories over more caches)."""
+        whether a second home is due: one of them reached `wanted` requests and none was placed within
+        `every_s`."""
         if keys and keys[-1] in self._ends:
-            if family is not None:
-                self._conversations.pop(family, None)
-                self._conversations[family] = None
-                if len(self._conversations) > SENT_KEPT:
-                    self._conversations.popitem(last=False)
-            return False
-        if family in self._conversations:
             return False
         most = 0.0
         for key in keys:
             self._counts.count(key, now)
             most = max(most, self._counts.requests(key, now))
-        return most >= max(self.wanted, least) and now - self._paired_at >= self.every_s
-
-    def requests(self, keys: Sequence[int], now: float) -> float:
-        """The most recent requests counted for one of `keys`."""
-        return max((self._counts.requests(key, now) for key in keys), default=0.0)
+        return most >= self.wanted and now - self._paired_at >= self.every_s
 
     def ends(self, key: int) -> None:
         self._ends.pop(key, None)
@@ -96,12 +70,12 @@ class PrefixPairs:
         while len(self._pairs) > SENT_KEPT:
             self._pairs.popitem(last=False)
 
-    def is_paired(self, keys: Sequence[int], family: int | None = None) -> bool:
+    def is_paired(self, keys: Sequence[int]) -> bool:
         """Whether a second home was placed for a prefix ending at one of `keys` (other prefixes with several
         homes, split by demand or moved off a hot home, are followed as without pairs)."""
-        return family not in self._conversations and any(key in self._pairs for key in keys)
+        return any(key in self._pairs for key in keys)
 
-    def sent(self, anchor: int, address: str, now: float, new_home_tokens: float, written: float = 0.0) -> None:
+    def sent(self, anchor: int, address: str, now: float, new_home_tokens: float) -> None:
         """A prompt of the family `anchor` was sent to `address`; `new_home_tokens`: its prompt tokens when nothing
         of it was held there (a prefix placed there), else 0."""
         key = (anchor, address)
@@ -111,11 +85,9 @@ class PrefixPairs:
             self._sent.popitem(last=False)
         if new_home_tokens > 0:
             self._homed.add(address, new_home_tokens, now)
-        if written > 0:
-            self._written.add(address, written, now)
 
     def homed(self, address: str, now: float) -> float:
-        return self._homed.tokens(address, now) + self._written.tokens(address, now)
+        return self._homed.tokens(address, now)
 
     def last_sent(self, anchor: int, address: str) -> float:
         return self._sent.get((anchor, address), -float("inf"))

@@ -136,11 +136,6 @@ class Params:
     # gateway expected from its sends is evicting; while one is, no new second home is placed and paired prefixes
     # keep to one home; it clears after pair_hold_ms under half of it.
     pair_shortfall: float = 0.0
-    # A prefix is paired only once its counted requests are at least pair_share of an endpoint's fair share of the
-    # pool's (0: any).
-    pair_share: float = 0.0
-    pair_room: float = 0.0
-    pair_written_ms: float = 0.0
     pair_hold_ms: float = 10000.0
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
@@ -171,8 +166,7 @@ class PrefixAffinityScorer:
         self.backlog = PrefillBacklog(params.prefill_decay_ms / 1000.0)
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
         self.pairs = PrefixPairs(params.pair_requests, params.pair_decay_ms / 1000.0, params.pair_every_ms / 1000.0,
-                                 params.pair_refresh_ms / 1000.0, DEMAND_KEPT, params.pair_written_ms / 1000.0
-                                 ) if params.pair_requests > 0 else None
+                                 params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
         self.room = KvRoom(params.pair_shortfall, params.pair_hold_ms / 1000.0) if (
             self.pairs is not None and params.pair_shortfall > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
@@ -207,8 +201,6 @@ class PrefixAffinityScorer:
         pairs, room = self.pairs, self.room
         if room is not None:
             room.check(endpoints, request.now)
-        if pairs is not None:
-            pairs.seen(request.now)
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest,
@@ -216,14 +208,11 @@ class PrefixAffinityScorer:
                                                             room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
             order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
-            order = [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
-            if self._roomy(endpoints[order[0]], homed[order[0]] + request.prompt_tokens):
-                pairs.paired(blocks[max(1, near) - 1:deepest], request.now)
-                return order
+            return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
-            if pairs is None or not pairs.is_paired(blocks[max(1, near) - 1:deepest], anchor):
+            if pairs is None or not pairs.is_paired(blocks[max(1, near) - 1:deepest]):
                 home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             else:
                 home = self._pick_home(pairs, request, follow, addresses, depth, loads, rank, anchor)
@@ -281,25 +270,20 @@ class PrefixAffinityScorer:
         """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
         is due now: the prefix is asked often enough, the pool is `busy`, and fewer than two endpoints of the whole
         pool hold it (the candidates may lack a saturated home, which must not make a third)."""
-        family = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-        if not pairs.count(blocks[max(1, near) - 1:deepest], now, 0.0, family) or not busy:
+        if not pairs.count(blocks[max(1, near) - 1:deepest], now) or not busy:
             return False
-        return sum(1 for d in self.directory.depths(blocks).values() if d >= near) < 2
-
-    def _roomy(self, endpoint: Endpoint, tokens: float) -> bool:
-        """Whether `tokens` of prefixes placed on `endpoint` fit in `pair_room` of its KV cache (scraped size)."""
-        metrics = self.params.pair_room > 0 and endpoint.metrics
-        return not metrics or tokens <= self.params.pair_room * metrics.num_gpu_blocks * metrics.block_size
+        if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
+            return False
+        pairs.paired(blocks[max(1, near) - 1:deepest], now)
+        return True
 
     def _pick_home(self, pairs: PrefixPairs, request: SchedulingRequest, follow: list[int], addresses: list[str],
                    depth: list[int], loads: list[float], rank: list[int], anchor: int) -> int:
         """With second homes on: among the homes to follow, the one with the least prefill backlog (not rounded:
         two homes of a prefix differ by a question or two), the least recently sent this prefix on a tie; but a
         home not sent its prompt family for `pair_refresh_ms` first, so that the engine keeps it cached."""
-        room, now = self.room, request.now
-        window = request.prefix_blocks[max(1, min(depth[i] for i in follow)) - 1:max(depth)]
-        rare = pairs.requests(window, now) < self.params.pair_share * pairs.traffic(now) / len(depth)
-        if len(follow) > 1 and (rare or (room is not None and room.pool_evicting)):  # keep to one home
+        room = self.room
+        if len(follow) > 1 and room is not None and room.pool_evicting:  # keep to one home, let the other go
             return max(follow, key=lambda i: pairs.last_sent(anchor, addresses[i]))
         if len(follow) > 1:
             stale = pairs.stalest(anchor, [addresses[i] for i in follow], request.now)
@@ -369,9 +353,7 @@ class PrefixAffinityScorer:
         held, fresh = self.directory.record(blocks, endpoint.address)
         if self.pairs is not None:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-            uncached = request.prompt_tokens * (1.0 - held / len(blocks))
-            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens,
-                            uncached + (request.max_output_tokens or 0))
+            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
             self.pairs.ends(blocks[-1])
             if self.room is not None:
                 self.room.sent(anchor, endpoint.address, request.prompt_tokens,

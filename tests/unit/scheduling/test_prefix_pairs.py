@@ -71,7 +71,7 @@ def test_a_home_left_idle_past_the_refresh_gets_the_next_request() -> None:
     assert send(scorer, question(2), endpoints, start) == first  # idle longest
     assert send(scorer, question(3), endpoints, start) == second  # idle past the refresh too
     scorer.backlog.add(endpoints[second].address, 1e6, start)  # the second home now looks busy for long
-    assert [send(scorer, question(10 + n), endpoints, start + 0.1 * n) for n in range(1, 5)] == [first] * 4
+    assert [send(scorer, question(n), endpoints, start + 0.1 * n) for n in range(1, 5)] == [first] * 4
     assert send(scorer, question(9), endpoints, start + 0.6) == second  # not sent the prefix for 0.6 s > 0.5 s
 
 
