@@ -49,7 +49,11 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    reports/i15-s12/u80b). It is off by default because a second copy of every busy prefix costs KV that
    workloads with cache pressure do not have (same runs, medians: mixed 80% p90 257.05 vs 146.9 ms, sglang-router
    177.3, hit 0.628 vs 0.7455; Zipf 1.1 80% p90 67.3 vs 56.05, p99 267.1 vs 166.4; reports/i15-s12/mixed80,
-   zipf80): a gate on the KV room has still to be found (reports/i15-s12/README.md).
+   zipf80). The KV-room gate (`pair_shortfall`, state in `extproc.scheduling.kv_room`) compares each engine's
+   scraped prefix-cache hit fraction with the fraction the directory promised for the requests sent there; while
+   one falls `pair_shortfall` short (eviction), no second home is placed and paired prefixes keep to the home
+   they were sent to last. It saves mixed 80% in 6 of 8 seeds in virtual time but reacts too late for Zipf 1.1
+   and drift at 80%, whose caches overflow ~10 s after the pairs were placed (reports/i15-s13/README.md).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
@@ -132,9 +136,7 @@ class Params:
     pair_load: float = 6.0
     pair_every_ms: float = 50.0
     pair_refresh_ms: float = 2500.0
-    # KV-room gate (0: off): an endpoint whose prefix-cache hit fraction falls this far below the fraction the
-    # gateway expected from its sends is evicting; while one is, no new second home is placed and paired prefixes
-    # keep to one home; it clears after pair_hold_ms under half of it.
+    # KV-room gate (0: off; see 4.): the hit-fraction shortfall that counts as eviction, the calm that clears it.
     pair_shortfall: float = 0.0
     pair_hold_ms: float = 10000.0
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
