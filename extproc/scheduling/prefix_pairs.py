@@ -29,7 +29,7 @@ SENT_KEPT = 8192  # (anchor, endpoint) pairs whose last send is remembered (leas
 
 
 class PrefixPairs:
-    __slots__ = ("_counts", "_ends", "_homed", "_paired_at", "_sent", "every_s", "refresh_s", "wanted")
+    __slots__ = ("_counts", "_ends", "_homed", "_paired_at", "_pairs", "_sent", "every_s", "refresh_s", "wanted")
 
     def __init__(self, wanted: float, decay_s: float, every_s: float, refresh_s: float, capacity: int) -> None:
         self.wanted = wanted
@@ -40,6 +40,7 @@ class PrefixPairs:
         self._sent: OrderedDict[tuple[int, str], float] = OrderedDict()
         self._paired_at = -float("inf")
         self._ends: OrderedDict[int, None] = OrderedDict()
+        self._pairs: OrderedDict[int, None] = OrderedDict()  # chain keys of the prefixes given a second home
 
     def count(self, keys: Sequence[int], now: float) -> bool:
         """Count one request whose deepest known prefix ends at one of `keys` (the last blocks of its chain that
@@ -60,9 +61,19 @@ class PrefixPairs:
         if len(self._ends) > SENT_KEPT:
             self._ends.popitem(last=False)
 
-    def paired(self, now: float) -> None:
-        """A second home was placed now."""
+    def paired(self, keys: Sequence[int], now: float) -> None:
+        """A second home was placed now for the prefix whose chain's last blocks are `keys`."""
         self._paired_at = now
+        for key in keys:
+            self._pairs.pop(key, None)
+            self._pairs[key] = None
+        while len(self._pairs) > SENT_KEPT:
+            self._pairs.popitem(last=False)
+
+    def is_paired(self, keys: Sequence[int]) -> bool:
+        """Whether a second home was placed for a prefix ending at one of `keys` (other prefixes with several
+        homes, split by demand or moved off a hot home, are followed as without pairs)."""
+        return any(key in self._pairs for key in keys)
 
     def sent(self, anchor: int, address: str, now: float, new_home_tokens: float) -> None:
         """A prompt of the family `anchor` was sent to `address`; `new_home_tokens`: its prompt tokens when nothing
@@ -77,6 +88,9 @@ class PrefixPairs:
 
     def homed(self, address: str, now: float) -> float:
         return self._homed.tokens(address, now)
+
+    def last_sent(self, anchor: int, address: str) -> float:
+        return self._sent.get((anchor, address), -float("inf"))
 
     def stalest(self, anchor: int, addresses: Sequence[str], now: float) -> int | None:
         """The index of the endpoint in `addresses` sent the family `anchor` longest ago, when that is more than

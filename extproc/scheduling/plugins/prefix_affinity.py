@@ -49,7 +49,11 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    reports/i15-s12/u80b). It is off by default because a second copy of every busy prefix costs KV that
    workloads with cache pressure do not have (same runs, medians: mixed 80% p90 257.05 vs 146.9 ms, sglang-router
    177.3, hit 0.628 vs 0.7455; Zipf 1.1 80% p90 67.3 vs 56.05, p99 267.1 vs 166.4; reports/i15-s12/mixed80,
-   zipf80): a gate on the KV room has still to be found (reports/i15-s12/README.md).
+   zipf80). The KV-room gate (`pair_shortfall`, state in `extproc.scheduling.kv_room`) compares each engine's
+   scraped prefix-cache hit fraction with the fraction the directory promised for the requests sent there; while
+   one falls `pair_shortfall` short (eviction), no second home is placed and paired prefixes keep to the home
+   they were sent to last. It saves mixed 80% in 6 of 8 seeds in virtual time but reacts too late for Zipf 1.1
+   and drift at 80%, whose caches overflow ~10 s after the pairs were placed (reports/i15-s13/README.md).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
@@ -68,7 +72,8 @@ from typing import Any
 
 from extproc.endpoints import Endpoint
 from extproc.scheduling.framework import SchedulingRequest
-from extproc.scheduling.prefix import rendezvous
+from extproc.scheduling.kv_room import KvRoom
+from extproc.scheduling.prefix import DEFAULT_BLOCK_CHARS, rendezvous
 from extproc.scheduling.prefix_demand import PrefixDemand
 from extproc.scheduling.prefix_directory import PrefillBacklog, PrefixDirectory
 from extproc.scheduling.prefix_pairs import PrefixPairs
@@ -84,6 +89,7 @@ NOMINEES = 4  # ranked endpoints a request's anchor nominates when a large pool 
 RANKS_KEPT = 4096  # anchors whose ranking is remembered per endpoint set (LRU)
 POOLS_KEPT = 16  # endpoint sets (pools, versions) with remembered rankings and deals
 DEMAND_KEPT = 4096  # prefixes whose recent requests are counted for the split (LRU)
+BLOCK_TOKENS = DEFAULT_BLOCK_CHARS / 4  # prompt tokens a prefix block covers (~4 characters a token)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,9 @@ class Params:
     pair_load: float = 6.0
     pair_every_ms: float = 50.0
     pair_refresh_ms: float = 2500.0
+    # KV-room gate (0: off; see 4.): the hit-fraction shortfall that counts as eviction, the calm that clears it.
+    pair_shortfall: float = 0.0
+    pair_hold_ms: float = 10000.0
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -143,10 +152,10 @@ class Params:
             raise ValueError("spill_score must be in [0, 1]")
         if self.split_share < 0.0 or self.split_decay_ms <= 0.0 or self.split_min_requests < 0.0:
             raise ValueError("split_share and split_min_requests must be >= 0, split_decay_ms > 0")
-        if min(self.pair_requests, self.pair_load, self.pair_every_ms, self.pair_refresh_ms) < 0.0 or (
-                self.pair_decay_ms <= 0.0):
-            raise ValueError("pair_requests, pair_load, pair_every_ms and pair_refresh_ms must be >= 0, "
-                             "pair_decay_ms > 0")
+        if min(self.pair_requests, self.pair_load, self.pair_every_ms, self.pair_refresh_ms, self.pair_shortfall,
+               self.pair_hold_ms) < 0.0 or self.pair_decay_ms <= 0.0:
+            raise ValueError("pair_requests, pair_load, pair_every_ms, pair_refresh_ms, pair_shortfall and "
+                             "pair_hold_ms must be >= 0, pair_decay_ms > 0")
 
 
 class PrefixAffinityScorer:
@@ -160,6 +169,8 @@ class PrefixAffinityScorer:
         self.demand = PrefixDemand(params.split_decay_ms / 1000.0, DEMAND_KEPT)
         self.pairs = PrefixPairs(params.pair_requests, params.pair_decay_ms / 1000.0, params.pair_every_ms / 1000.0,
                                  params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
+        self.room = KvRoom(params.pair_shortfall, params.pair_hold_ms / 1000.0) if (
+            self.pairs is not None and params.pair_shortfall > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
@@ -189,18 +200,21 @@ class PrefixAffinityScorer:
                                                         -rank[i]))
         # Homes another replica shared are known every `share_every` blocks only: a home that deep counts as deepest.
         near = deepest - self.directory.share_every + 1
+        pairs, room = self.pairs, self.room
+        if room is not None:
+            room.check(endpoints, request.now)
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
-        pairs = self.pairs
         if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest,
-                                                        sum(loads) / count >= self.params.pair_load):
+                                                        sum(loads) / count >= self.params.pair_load and not (
+                                                            room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
             order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
-            if pairs is None:
+            if pairs is None or not pairs.is_paired(blocks[max(1, near) - 1:deepest]):
                 home = min(follow, key=lambda i: (loads[i], backlog[i], -rank[i]))
             else:
                 home = self._pick_home(pairs, request, follow, addresses, depth, loads, rank, anchor)
@@ -262,7 +276,7 @@ class PrefixAffinityScorer:
             return False
         if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
             return False
-        pairs.paired(now)
+        pairs.paired(blocks[max(1, near) - 1:deepest], now)
         return True
 
     def _pick_home(self, pairs: PrefixPairs, request: SchedulingRequest, follow: list[int], addresses: list[str],
@@ -270,6 +284,9 @@ class PrefixAffinityScorer:
         """With second homes on: among the homes to follow, the one with the least prefill backlog (not rounded:
         two homes of a prefix differ by a question or two), the least recently sent this prefix on a tie; but a
         home not sent its prompt family for `pair_refresh_ms` first, so that the engine keeps it cached."""
+        room = self.room
+        if len(follow) > 1 and room is not None and room.pool_evicting:  # keep to one home, let the other go
+            return max(follow, key=lambda i: pairs.last_sent(anchor, addresses[i]))
         if len(follow) > 1:
             stale = pairs.stalest(anchor, [addresses[i] for i in follow], request.now)
             if stale is not None:
@@ -340,6 +357,9 @@ class PrefixAffinityScorer:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
             self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
             self.pairs.ends(blocks[-1])
+            if self.room is not None:
+                self.room.sent(anchor, endpoint.address, request.prompt_tokens,
+                               held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS), request.now)
         uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         self.backlog.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:

@@ -94,6 +94,8 @@ class RoutedFleet:
         steps = node.engine.counters.histograms["vllm:iteration_tokens_total"]
         metrics = EndpointMetrics(scraped_at=self.time.now, running=gauges.running, waiting=gauges.waiting,
                                   kv_usage=gauges.kv_usage, preemptions=node.engine.counters.preemptions,
+                                  prefix_queries=float(node.engine.counters.prefix_queries_tokens),
+                                  prefix_hits=float(node.engine.counters.prefix_hits_tokens),
                                   block_size=gauges.block_size, num_gpu_blocks=gauges.num_gpu_blocks,
                                   step_tokens_buckets=tuple((float(b), float(c)) for b, c in steps.cumulative()))
         node.endpoint.scraped(metrics, node.endpoint.in_flight, SaturationConfig())

@@ -79,7 +79,7 @@ def test_requests_count_for_the_prefix_their_windows_share_and_second_homes_are_
     pairs = PrefixPairs(wanted=2.0, decay_s=10.0, every_s=0.05, refresh_s=2.5, capacity=16)
     assert not pairs.count([1, 2], NOW)  # one request of the prefix
     assert pairs.count([2, 3], NOW)  # a question one block deeper: block 2 is counted twice
-    pairs.paired(NOW)
+    pairs.paired([2, 3], NOW)
     assert not pairs.count([2, 3], NOW + 0.01)  # due, but a second home was placed 10 ms ago
     assert pairs.count([2, 3], NOW + 0.06)
 
