@@ -46,14 +46,11 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    gets the next one, so that its engine keeps it cached. It takes the Poisson bunching of new prompts on one
    engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs, 2 seeds, same
    run: TTFT p90 43.5 vs 55.1 ms (sglang-router 53.85), p99 66.95 vs 77.75 (75.5), hit 0.9035 vs 0.9063;
-   reports/i15-s12/u80b). It is off by default because a second copy of every busy prefix costs KV that
-   workloads with cache pressure do not have (same runs, medians: mixed 80% p90 257.05 vs 146.9 ms, sglang-router
-   177.3, hit 0.628 vs 0.7455; Zipf 1.1 80% p90 67.3 vs 56.05, p99 267.1 vs 166.4; reports/i15-s12/mixed80,
-   zipf80). The KV-room gate (`pair_shortfall`, state in `extproc.scheduling.kv_room`) compares each engine's
-   scraped prefix-cache hit fraction with the fraction the directory promised for the requests sent there; while
-   one falls `pair_shortfall` short (eviction), no second home is placed and paired prefixes keep to the home
-   they were sent to last. It saves mixed 80% in 6 of 8 seeds in virtual time but reacts too late for Zipf 1.1
-   and drift at 80%, whose caches overflow ~10 s after the pairs were placed (reports/i15-s13/README.md).
+   reports/i15-s12/u80b). It is off by default: a second copy of every busy prefix costs KV that workloads with
+   cache pressure lack (mixed 80% p90 257.05 vs 146.9 ms, Zipf 1.1 80% p99 267.1 vs 166.4; reports/i15-s12).
+   The KV-room gate (`pair_shortfall`, `extproc.scheduling.kv_room`) stops pairing while an engine's scraped
+   prefix-cache hits fall short of what the directory promised; it reacts too late for Zipf and drift at 80%
+   (reports/i15-s13/README.md).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
