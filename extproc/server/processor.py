@@ -48,6 +48,9 @@ _INTERNAL_ERROR = Respond(500, oai.ApiError(500, "internal gateway error", "serv
 _STREAMED_NEEDS_BODY = Respond(500, oai.ApiError(
     500, "The gateway is misconfigured: its ext_proc filter streams the body only after the headers are answered",
     "server_error", "gateway_error").body(), (("content-type", "application/json"),), "streamed_body_misconfigured")
+_NOT_PREBUFFERED = Respond(500, oai.ApiError(
+    500, "The gateway is misconfigured: request_body_mode prebuffered needs Envoy's buffer filter ahead of ext_proc",
+    "server_error", "gateway_error").body(), (("content-type", "application/json"),), "prebuffered_body_misconfigured")
 # A streamed body of more messages than this is refused like an oversized one (each message costs a reply).
 _MAX_BODY_MESSAGES = 65536
 # Bodies this large are decided one at a time, each after the messages already waiting: decoding one holds the loop
@@ -180,6 +183,10 @@ class StreamProcessor:
             return self._immediate(self.gateway.refuse(exchange, oai.too_large(limit)))
         self.chunks.append(chunk.body)
         if self.whole:  # prebuffered: the first chunk is the whole body, request trailers may follow it
+            if self.received < self.declared:  # no buffer filter ahead of ext_proc: never decide on part of a body
+                log.error("request_body_mode prebuffered, but a body arrived in pieces: Envoy's buffer filter must "
+                          "precede ext_proc (render the data plane from the policy); refusing")
+                return self._immediate(_NOT_PREBUFFERED)
             self.trailing = not chunk.end_of_stream
         elif self.hold and not chunk.end_of_stream and not self._declared_complete():
             return None  # more to come

@@ -164,3 +164,14 @@ async def test_prebuffered_decides_on_the_first_chunk_when_request_trailers_foll
     assert context.written[1].request_body.response.body_mutation.clear_body
     streamed_context, _ = await run([head, chunk(SERVED_NAME, False)])  # streamed: waits for the body's end
     assert kinds(streamed_context.written) == []
+
+
+async def test_prebuffered_never_decides_on_part_of_a_body() -> None:
+    # A data plane without the buffer filter ahead of ext_proc (hand-written Envoy config) sends the body in pieces:
+    # deciding on the first piece would judge a truncated prompt. Refused as a misconfiguration, nothing routed.
+    policy = POLICY + "envoy: {request_body_mode: prebuffered}\n"
+    context, _ = await run([streamed(SERVED_NAME), chunk(SERVED_NAME[:10], False), chunk(SERVED_NAME[10:], True)],
+                           policy)
+    assert kinds(context.written) == ["immediate_response"]
+    assert context.written[0].immediate_response.status.code == 500
+    assert b"buffer filter" in context.written[0].immediate_response.body
