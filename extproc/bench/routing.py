@@ -25,6 +25,7 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.envoy_timings import TIMINGS_LOG, add_timings_log, keep_timings
 from extproc.bench.flowstats import FlowCounts, flow_counts
 from extproc.bench.httpclient import HttpClient
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
@@ -93,6 +94,8 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
                     engine_ports=plan.engine_ports(seed))
     if not alone:
         _use_profile(stack, pools, strategy)
+        if plan.samples:  # Envoy's own timing of each request, next to the point's samples
+            add_timings_log(stack.envoy_dir, (workdir / TIMINGS_LOG).resolve())
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, plan.sim_args(seed))
     if strategy in PEERS:  # the peer is the front door, in place of Envoy (one pool, checked by the plan)
         workers = [f"http://127.0.0.1:{port}" for port in stack.sim_ports[pools[0].name]]
@@ -161,8 +164,11 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
         metrics_after = await scrape_metrics(client, addresses)
         flow: FlowCounts | None = (await flow_counts(client, admin_ports)) - flow_before if ours else None
         if plan.samples:
-            await dump_point(client, plan.out / "samples" / f"{strategy}-q{rate:g}-s{seed}", samples, admin_ports,
-                             addresses)
+            where = plan.out / "samples" / f"{strategy}-q{rate:g}-s{seed}"
+            await dump_point(client, where, samples, admin_ports, addresses)
+            if ours:
+                await keep_timings(client, stack.policy.envoy.admin_port, workdir / TIMINGS_LOG, where,
+                                   offset + len(samples))
         peer_report: dict[str, Any] | None = None
         if peer is not None:
             peer_after = await scrape_peer(client, peer)
