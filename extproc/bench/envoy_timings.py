@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,15 +20,18 @@ from typing import Any
 import yaml
 
 from extproc.bench.httpclient import HttpClient
+from extproc.bench.procs import ProcessGroup, run_delay_seconds
 from extproc.sim.timings import HEADER as SIM_HEADER
 from extproc.xds.render import dump, write_atomic
 
-__all__ = ["OFFSET_FILE", "TIMINGS_FILE", "TIMINGS_FORMAT", "TIMINGS_LOG", "add_timings_log", "clock_offset_s",
-           "keep_timings", "read_timings"]
+__all__ = ["OFFSET_FILE", "RUN_DELAY_FILE", "TIMINGS_FILE", "TIMINGS_FORMAT", "TIMINGS_LOG", "add_timings_log",
+           "clock_offset_s", "keep_timings", "read_timings", "stack_run_delays",
+           "write_run_delays"]
 
 TIMINGS_LOG = "envoy-timings.jsonl"  # in the point's work directory
 TIMINGS_FILE = "envoy-timings.jsonl"  # in the point's samples directory
 OFFSET_FILE = "clock-offset.json"
+RUN_DELAY_FILE = "run-delay.json"  # in the point's samples directory
 _EXT_PROC = "envoy.filters.http.ext_proc"
 _FILE_LOG = "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog"
 
@@ -116,3 +120,15 @@ async def keep_timings(client: HttpClient, admin_port: int, log: Path, where: Pa
             break
         await asyncio.sleep(0.05)
     _copy(log, where)
+
+
+def write_run_delays(where: Path, before: dict[str, float], after: dict[str, float], wall_s: float) -> None:
+    """Per process of the stack: seconds per second of the measured run its threads waited for a CPU."""
+    where.mkdir(parents=True, exist_ok=True)
+    shares = {name: round((after[name] - before[name]) / wall_s, 4) for name in after if name in before}
+    (where / RUN_DELAY_FILE).write_text(json.dumps({"run_delay_s_per_s": shares, "wall_s": round(wall_s, 2)}))
+
+
+def stack_run_delays(group: ProcessGroup) -> dict[str, float]:
+    """Run delay so far of every child of the stack and of this process (the load generator, "client")."""
+    return {**group.run_delays(), "client": run_delay_seconds(os.getpid())}

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "GRPCIO", "LEAN", "NOFLOW", "SHARE", "STREAMED", "PrefixShape", "add_shape_options", "body_mode",
-    "front_end", "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "strategy_flags",
+    "BUFFERED", "GRPCIO", "LEAN", "NOFLOW", "NOSTAGGER", "SHARE", "STREAMED", "PrefixShape", "add_shape_options",
+    "body_mode", "front_end", "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "staggers_scrapes",
+    "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -30,7 +31,10 @@ PREBUFFERED = "+prebuffered"
 # A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
 # endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
 SHARE = "+share"
-SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED})
+# A strategy with this suffix scrapes every engine at once each round (`scheduling.scrape.stagger: false`), as
+# before session 14; without it, as the policy's default (staggered over the interval).
+NOSTAGGER = "+nostagger"
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED, NOSTAGGER})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -77,6 +81,10 @@ def body_mode(strategy: str) -> str | None:
     if len(modes) > 1:
         raise ValueError(f"strategy {strategy!r}: {', '.join(sorted(modes))} exclude each other")
     return next(iter(modes))[1:] if modes else None
+
+
+def staggers_scrapes(strategy: str) -> bool:
+    return NOSTAGGER not in strategy_flags(strategy)[1]
 
 
 def shares_scrapes(strategy: str) -> bool:
