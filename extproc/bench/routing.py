@@ -49,7 +49,14 @@ from extproc.bench.routing_metrics import (
     point_row,
     scrape_metrics,
 )
-from extproc.bench.routing_options import body_mode, front_end, shares_scrapes, split_strategy, staggers_scrapes
+from extproc.bench.routing_options import (
+    body_mode,
+    envoy_workers,
+    front_end,
+    shares_scrapes,
+    split_strategy,
+    staggers_scrapes,
+)
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_pool import TTFTS, ttfts_ms
 from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
@@ -113,7 +120,7 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
         for index in range(replicas):
             child = await start_service(group, stack, index)
             stack.children[child.name] = child
-        stack.children["envoy"] = await start_envoy(group, stack)
+        stack.children["envoy"] = await start_envoy(group, stack, envoy_workers(strategy))
         return stack, None
     # The gateway listener's port is free here (no gateway listener), so the baseline takes it.
     await start_envoy_only(group, stack, strategy)
