@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOSTAGGER", "SHARE", "STREAMED", "PrefixShape",
+    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "SHARE", "STAGGER", "STREAMED", "PrefixShape",
     "add_shape_options", "body_mode", "envoy_workers", "front_end", "parse_range", "service_replicas",
     "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
 ]
@@ -31,13 +31,13 @@ PREBUFFERED = "+prebuffered"
 # A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
 # endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
 SHARE = "+share"
-# A strategy with this suffix scrapes every engine at once each round (`scheduling.scrape.stagger: false`), as
-# before session 14; without it, as the policy's default (staggered over the interval).
-NOSTAGGER = "+nostagger"
+# A strategy with this suffix staggers its scrapes over the interval (`scheduling.scrape.stagger: true`); without it,
+# every engine is scraped at once each round (the policy's default).
+STAGGER = "+stagger"
 # A strategy with this suffix runs our Envoy with 2 worker threads (`--concurrency 2`, Envoy's own default on this
 # 2-core machine, as many threads as the peer routers' runtimes use) instead of 1.
 ENVOY2 = "+envoy2"
-SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED, NOSTAGGER, ENVOY2})
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED, STAGGER, ENVOY2})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -91,7 +91,7 @@ def envoy_workers(strategy: str) -> int:
 
 
 def staggers_scrapes(strategy: str) -> bool:
-    return NOSTAGGER not in strategy_flags(strategy)[1]
+    return STAGGER in strategy_flags(strategy)[1]
 
 
 def shares_scrapes(strategy: str) -> bool:

@@ -2,7 +2,7 @@
 
 One round per interval starts a scrape task for every endpoint of the registry that has none in flight, so a
 slow or hanging endpoint only skips its own rounds (bounded by the timeout) and never delays the others. With
-`stagger` (the default) each task first waits its endpoint's offset, the endpoints spread evenly over the first
+`stagger` (off by default) each task first waits its endpoint's offset, the endpoints spread evenly over the first
 half of the interval, so that a round's fetches and parses do not all land on the event loop at once.
 Endpoints are read from the registry each round: a config reload that adds or removes endpoints takes effect
 at the next round. A failure keeps the old metrics; consumers judge them by `scraped_at` (see `is_fresh`).

@@ -10,9 +10,9 @@ from extproc.bench.routing_options import (
     GRPCIO,
     LEAN,
     NOFLOW,
-    NOSTAGGER,
     PREBUFFERED,
     SHARE,
+    STAGGER,
     STREAMED,
     PrefixShape,
     add_shape_options,
@@ -75,9 +75,9 @@ def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others()
 
 
 def test_the_stagger_and_envoy_worker_suffixes_combine_with_the_others() -> None:
-    assert staggers_scrapes("default") and envoy_workers("default@3") == 1
-    strategy = f"default{NOSTAGGER}{ENVOY2}{NOFLOW}@2"
-    assert not staggers_scrapes(strategy) and envoy_workers(strategy) == 2
+    assert not staggers_scrapes("default") and envoy_workers("default@3") == 1
+    strategy = f"default{STAGGER}{ENVOY2}{NOFLOW}@2"
+    assert staggers_scrapes(strategy) and envoy_workers(strategy) == 2
     assert split_strategy(strategy) == ("default", False) and service_replicas(strategy, 1) == 2
 
 

@@ -367,7 +367,7 @@ class ParkedOffsets:
 async def test_a_rounds_scrapes_start_spread_over_the_first_half_of_the_interval() -> None:
     transport, sleep, offsets = FakeTransport(), SteppedSleep(), ParkedOffsets()
     registry = registry_of(A, B, C, "10.0.0.4:8000")
-    async with scraper(registry, transport, sleep, ScrapeConfig(interval_ms=40, timeout_ms=100),
+    async with scraper(registry, transport, sleep, ScrapeConfig(interval_ms=40, timeout_ms=100, stagger=True),
                        stagger_sleep=offsets):
         await sleep.wait_parked()
         await eventually(lambda: len(offsets.delays) == 3, "three scrapes waiting for their offsets")
@@ -382,7 +382,8 @@ async def test_a_rounds_scrapes_start_spread_over_the_first_half_of_the_interval
 async def test_without_stagger_a_round_scrapes_every_endpoint_at_once() -> None:
     transport, sleep, offsets = FakeTransport(), SteppedSleep(), ParkedOffsets()
     registry = registry_of(A, B, C)
-    async with scraper(registry, transport, sleep, ScrapeConfig(interval_ms=40, timeout_ms=100, stagger=False),
+    assert not ScrapeConfig().stagger  # the default
+    async with scraper(registry, transport, sleep, ScrapeConfig(interval_ms=40, timeout_ms=100),
                        stagger_sleep=offsets):
         await sleep.wait_parked()
         await scrapes_done()
