@@ -11,6 +11,7 @@ clock of the client's and the engines' stamps.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import time
@@ -25,7 +26,7 @@ from extproc.sim.timings import HEADER as SIM_HEADER
 from extproc.xds.render import dump, write_atomic
 
 __all__ = ["OFFSET_FILE", "RUN_DELAY_FILE", "TIMINGS_FILE", "TIMINGS_FORMAT", "TIMINGS_LOG", "add_timings_log",
-           "clock_offset_s", "keep_timings", "read_timings", "stack_run_delays",
+           "clock_offset_s", "keep_timings", "machine_load", "read_timings", "stack_run_delays",
            "write_run_delays"]
 
 TIMINGS_LOG = "envoy-timings.jsonl"  # in the point's work directory
@@ -123,12 +124,38 @@ async def keep_timings(client: HttpClient, admin_port: int, log: Path, where: Pa
 
 
 def write_run_delays(where: Path, before: dict[str, float], after: dict[str, float], wall_s: float) -> None:
-    """Per process of the stack: seconds per second of the measured run its threads waited for a CPU."""
+    """Per process of the stack: seconds per second of the measured run its threads waited for a CPU; and the
+    machine's (`MACHINE` keys, from `machine_load`): CPU used by SCHED_IDLE processes (other users' background
+    work) and the CPU pressure stall share (/proc/pressure/cpu "some")."""
     where.mkdir(parents=True, exist_ok=True)
-    shares = {name: round((after[name] - before[name]) / wall_s, 4) for name in after if name in before}
-    (where / RUN_DELAY_FILE).write_text(json.dumps({"run_delay_s_per_s": shares, "wall_s": round(wall_s, 2)}))
+    shares = {name: round((after[name] - before[name]) / wall_s, 4) for name in after
+              if name in before and name not in MACHINE}
+    machine = {name: round((after[name] - before[name]) / wall_s, 4) for name in MACHINE
+               if name in after and name in before}
+    (where / RUN_DELAY_FILE).write_text(json.dumps({"run_delay_s_per_s": shares, "machine_s_per_s": machine,
+                                                    "wall_s": round(wall_s, 2)}))
+
+
+MACHINE = ("idle_class_cpu", "cpu_pressure_some")
+_SCHED_IDLE = 5
+
+
+def machine_load() -> dict[str, float]:
+    """Seconds so far: CPU of every SCHED_IDLE process on the machine, and the CPU pressure "some" stall total."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            raw = stat.read_text()
+            fields = raw[raw.rindex(")") + 2:].split()
+            if int(fields[38]) == _SCHED_IDLE:
+                ticks += int(fields[11]) + int(fields[12])
+    load = {"idle_class_cpu": ticks / os.sysconf("SC_CLK_TCK")}
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        some = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        load["cpu_pressure_some"] = int(some.rpartition("total=")[2]) / 1e6
+    return load
 
 
 def stack_run_delays(group: ProcessGroup) -> dict[str, float]:
     """Run delay so far of every child of the stack and of this process (the load generator, "client")."""
-    return {**group.run_delays(), "client": run_delay_seconds(os.getpid())}
+    return {**group.run_delays(), "client": run_delay_seconds(os.getpid()), **machine_load()}

@@ -13,6 +13,7 @@ from extproc.bench.envoy_timings import (
     RUN_DELAY_FILE,
     TIMINGS_FORMAT,
     add_timings_log,
+    machine_load,
     read_timings,
     write_run_delays,
 )
@@ -49,6 +50,10 @@ def test_read_timings_keys_lines_by_sim_request_and_skips_the_rest(tmp_path: Pat
 
 def test_run_delays_are_written_per_second_of_the_run(tmp_path: Path) -> None:
     assert run_delay_seconds(os.getpid()) >= 0.0
-    write_run_delays(tmp_path, {"sim": 1.0, "envoy": 2.0, "gone": 0.5}, {"sim": 1.5, "envoy": 2.25}, 10.0)
+    write_run_delays(tmp_path, {"sim": 1.0, "envoy": 2.0, "gone": 0.5, "idle_class_cpu": 3.0},
+                     {"sim": 1.5, "envoy": 2.25, "idle_class_cpu": 13.0}, 10.0)
     written = json.loads((tmp_path / RUN_DELAY_FILE).read_text())
-    assert written == {"run_delay_s_per_s": {"sim": 0.05, "envoy": 0.025}, "wall_s": 10.0}
+    assert written == {"run_delay_s_per_s": {"sim": 0.05, "envoy": 0.025}, "machine_s_per_s": {"idle_class_cpu": 1.0},
+                       "wall_s": 10.0}
+    load = machine_load()
+    assert load["idle_class_cpu"] >= 0.0 and set(load) <= {"idle_class_cpu", "cpu_pressure_some"}
