@@ -28,6 +28,7 @@ __all__ = [
     "ChildExited",
     "ProcessGroup",
     "cpu_seconds",
+    "run_delay_seconds",
     "self_cpu_seconds",
     "tree_cpu_seconds",
     "wait_file",
@@ -96,6 +97,16 @@ def cpu_seconds(pid: int, *, include_children: bool = False) -> float:
     if include_children:
         ticks += int(fields[13]) + int(fields[14])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def run_delay_seconds(pid: int) -> float:
+    """Time the threads of `pid` spent runnable but waiting for a CPU (the scheduler's run_delay, summed over
+    /proc/<pid>/task/*/schedstat; threads that exited are not counted)."""
+    total = 0
+    for stat in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            total += int(stat.read_text().split()[1])
+    return total / 1e9
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -259,6 +270,10 @@ class ProcessGroup:
         """Synchronous SIGKILL to every running child: the fallback when there is no time to be polite."""
         for child in self._children:
             child.send_signal(signal.SIGKILL)
+
+    def run_delays(self) -> dict[str, float]:
+        """Seconds each running child's threads waited for a CPU so far, by name (`run_delay_seconds`)."""
+        return {child.name: run_delay_seconds(child.pid) for child in self._children if child.running}
 
     def cpu_seconds(self) -> dict[str, float]:
         """CPU seconds used so far by each running child, by name."""

@@ -25,6 +25,13 @@ from typing import Any
 
 import yaml
 
+from extproc.bench.envoy_timings import (
+    TIMINGS_LOG,
+    add_timings_log,
+    keep_timings,
+    stack_run_delays,
+    write_run_delays,
+)
 from extproc.bench.flowstats import FlowCounts, flow_counts
 from extproc.bench.httpclient import HttpClient
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
@@ -42,7 +49,14 @@ from extproc.bench.routing_metrics import (
     point_row,
     scrape_metrics,
 )
-from extproc.bench.routing_options import body_mode, front_end, shares_scrapes, split_strategy
+from extproc.bench.routing_options import (
+    body_mode,
+    envoy_workers,
+    front_end,
+    shares_scrapes,
+    split_strategy,
+    staggers_scrapes,
+)
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_pool import TTFTS, ttfts_ms
 from extproc.bench.routing_report import aggregate, latency_by, table_for, write_reports
@@ -65,7 +79,8 @@ def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
         document.setdefault("service", {})["front_end"] = front
     if (mode := body_mode(strategy)) is not None:
         document.setdefault("envoy", {})["request_body_mode"] = mode
-    document.setdefault("scheduling", {}).setdefault("scrape", {})["share"] = shares_scrapes(strategy)
+    scrape = document.setdefault("scheduling", {}).setdefault("scrape", {})
+    scrape["share"], scrape["stagger"] = shares_scrapes(strategy), staggers_scrapes(strategy)
     for entry, pool in zip(document["pools"], pools, strict=True):
         entry["profile"] = profile
         if pool.lora:
@@ -93,6 +108,8 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
                     engine_ports=plan.engine_ports(seed))
     if not alone:
         _use_profile(stack, pools, strategy)
+        if plan.samples:  # Envoy's own timing of each request, next to the point's samples
+            add_timings_log(stack.envoy_dir, (workdir / TIMINGS_LOG).resolve())
     stack.children["sim"] = await start_sim(group, workdir, pools, stack.sim_ports, plan.sim_args(seed))
     if strategy in PEERS:  # the peer is the front door, in place of Envoy (one pool, checked by the plan)
         workers = [f"http://127.0.0.1:{port}" for port in stack.sim_ports[pools[0].name]]
@@ -103,7 +120,7 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
         for index in range(replicas):
             child = await start_service(group, stack, index)
             stack.children[child.name] = child
-        stack.children["envoy"] = await start_envoy(group, stack)
+        stack.children["envoy"] = await start_envoy(group, stack, envoy_workers(strategy))
         return stack, None
     # The gateway listener's port is free here (no gateway listener), so the baseline takes it.
     await start_envoy_only(group, stack, strategy)
@@ -148,6 +165,7 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
         admin_ports = [admin for _, admin in stack.service_ports] if ours else []
         flow_before = await flow_counts(client, admin_ports)
         peer_before = await scrape_peer(client, peer) if peer is not None else {}
+        delays_before = stack_run_delays(group) if plan.samples else {}
         cpu_before, self_before, t0 = group.cpu_seconds(), self_cpu_seconds(), time.perf_counter()
         printer = ProgressPrinter(prefix=f"{strategy} @ {rate:g} qps, seed {seed} ")
         try:
@@ -158,11 +176,16 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
             printer.close()
         wall = time.perf_counter() - t0
         cpu_after, self_after = group.cpu_seconds(), self_cpu_seconds()
+        delays_after = stack_run_delays(group) if plan.samples else {}
         metrics_after = await scrape_metrics(client, addresses)
         flow: FlowCounts | None = (await flow_counts(client, admin_ports)) - flow_before if ours else None
         if plan.samples:
-            await dump_point(client, plan.out / "samples" / f"{strategy}-q{rate:g}-s{seed}", samples, admin_ports,
-                             addresses)
+            where = plan.out / "samples" / f"{strategy}-q{rate:g}-s{seed}"
+            write_run_delays(where, delays_before, delays_after, wall)
+            await dump_point(client, where, samples, admin_ports, addresses)
+            if ours:
+                await keep_timings(client, stack.policy.envoy.admin_port, workdir / TIMINGS_LOG, where,
+                                   offset + len(samples))
         peer_report: dict[str, Any] | None = None
         if peer is not None:
             peer_after = await scrape_peer(client, peer)

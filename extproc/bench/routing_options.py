@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "GRPCIO", "LEAN", "NOFLOW", "SHARE", "STREAMED", "PrefixShape", "add_shape_options", "body_mode",
-    "front_end", "parse_range", "service_replicas", "shares_scrapes", "split_strategy", "strategy_flags",
+    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "SHARE", "STAGGER", "STREAMED", "PrefixShape",
+    "add_shape_options", "body_mode", "envoy_workers", "front_end", "parse_range", "service_replicas",
+    "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -30,7 +31,13 @@ PREBUFFERED = "+prebuffered"
 # A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
 # endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
 SHARE = "+share"
-SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED})
+# A strategy with this suffix staggers its scrapes over the interval (`scheduling.scrape.stagger: true`); without it,
+# every engine is scraped at once each round (the policy's default).
+STAGGER = "+stagger"
+# A strategy with this suffix runs our Envoy with 2 worker threads (`--concurrency 2`, Envoy's own default on this
+# 2-core machine, as many threads as the peer routers' runtimes use) instead of 1.
+ENVOY2 = "+envoy2"
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED, STAGGER, ENVOY2})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -77,6 +84,14 @@ def body_mode(strategy: str) -> str | None:
     if len(modes) > 1:
         raise ValueError(f"strategy {strategy!r}: {', '.join(sorted(modes))} exclude each other")
     return next(iter(modes))[1:] if modes else None
+
+
+def envoy_workers(strategy: str) -> int:
+    return 2 if ENVOY2 in strategy_flags(strategy)[1] else 1
+
+
+def staggers_scrapes(strategy: str) -> bool:
+    return STAGGER in strategy_flags(strategy)[1]
 
 
 def shares_scrapes(strategy: str) -> bool:

@@ -186,7 +186,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", action="store_true",
                         help="also write, per point, every measured request (start, TTFT, end, endpoint, cached "
                              "tokens, labels) as JSON lines and the service replicas' and simulators' /metrics "
-                             "after the run, under OUT/samples/ (for diagnosis; not summarised)")
+                             "after the run, under OUT/samples/, with our Envoy's timing of each request "
+                             "(envoy-timings.jsonl: duration points, ext_proc latencies, connections) and each "
+                             "process's CPU run delay (run-delay.json) (for diagnosis; not summarised)")
 
 
 @dataclass(frozen=True)

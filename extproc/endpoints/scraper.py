@@ -1,7 +1,9 @@
 """Poll every endpoint's vLLM /metrics and hand each good scrape to its endpoint (`Endpoint.scraped`).
 
 One round per interval starts a scrape task for every endpoint of the registry that has none in flight, so a
-slow or hanging endpoint only skips its own rounds (bounded by the timeout) and never delays the others.
+slow or hanging endpoint only skips its own rounds (bounded by the timeout) and never delays the others. With
+`stagger` (off by default) each task first waits its endpoint's offset, the endpoints spread evenly over the first
+half of the interval, so that a round's fetches and parses do not all land on the event loop at once.
 Endpoints are read from the registry each round: a config reload that adds or removes endpoints takes effect
 at the next round. A failure keeps the old metrics; consumers judge them by `scraped_at` (see `is_fresh`).
 """
@@ -63,8 +65,10 @@ class MetricsScraper:
         transport: TransportFactory = HttpMetricsTransport,
         saturation: Callable[[], SaturationConfig] = SaturationConfig,
         sleep: Sleep = asyncio.sleep,
+        stagger_sleep: Sleep = asyncio.sleep,
     ) -> None:
-        """`saturation`: the current policy's rules, which each scrape is learned by."""
+        """`saturation`: the current policy's rules, which each scrape is learned by; `stagger_sleep` waits an
+        endpoint's offset within the round."""
         self._registry = registry
         self._config = config
         self._clock = clock
@@ -76,6 +80,9 @@ class MetricsScraper:
         self.should_scrape: Callable[[Endpoint], bool] | None = None
         self._transport_factory = transport
         self._timeout_s = config.timeout_ms / 1000.0
+        self._stagger_sleep = stagger_sleep
+        # The offsets span this much of each interval, leaving the other half for the last endpoint's fetch.
+        self._spread_s = config.interval_ms / 2000.0 if config.stagger else 0.0
         self._transport: MetricsTransport | None = None
         self._rounds = Periodic("vllm-metrics-scraper", self._start_round, config.interval_ms / 1000.0, log=log,
                                 what="metrics scrape round", immediate=True, fixed_rate=True, sleep=sleep)
@@ -129,15 +136,18 @@ class MetricsScraper:
             self._scrapes.pop(gone).cancel()
         for gone in [ep for ep in self._failing if ep not in current]:
             del self._failing[gone]
-        for endpoint in endpoints:
+        step = self._spread_s / len(endpoints) if endpoints else 0.0
+        for index, endpoint in enumerate(endpoints):
             task = self._scrapes.get(endpoint)
             if task is not None and not task.done():
                 continue  # still waiting on a slow endpoint: it skips this round, the others do not wait
             if self.should_scrape is not None and not self.should_scrape(endpoint):
                 continue
-            self._scrapes[endpoint] = asyncio.create_task(self._scrape(endpoint))
+            self._scrapes[endpoint] = asyncio.create_task(self._scrape(endpoint, index * step))
 
-    async def _scrape(self, endpoint: Endpoint) -> None:
+    async def _scrape(self, endpoint: Endpoint, offset_s: float = 0.0) -> None:
+        if offset_s > 0:
+            await self._stagger_sleep(offset_s)  # its place in the round (cancelled with the task on stop)
         in_flight = endpoint.fleet_in_flight
         try:
             async with asyncio.timeout(self._timeout_s):

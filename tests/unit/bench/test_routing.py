@@ -117,10 +117,11 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
                   tmp_path / "envoy", {pools[0].name: [9001, 9002]}, [(9100, 9101)])
     routing._use_profile(stack, plan.layout.pools, "variant+noflow")
     assert {p.profile for p in stack.policy.pools} == {"variant"} and not stack.policy.flow_control.enabled
-    assert not stack.policy.scheduling.scrape.share
+    assert not stack.policy.scheduling.scrape.share and not stack.policy.scheduling.scrape.stagger
     assert stack.policy.service.front_end == "lean"  # the policy's default without a front-end suffix
-    routing._use_profile(stack, plan.layout.pools, "variant+share+noflow")
+    routing._use_profile(stack, plan.layout.pools, "variant+share+noflow+stagger")
     assert stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
+    assert stack.policy.scheduling.scrape.stagger
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
     assert stack.policy.envoy.request_body_mode == "prebuffered"  # the policy's default without a body-mode suffix
     routing._use_profile(stack, plan.layout.pools, "variant+streamed")

@@ -6,20 +6,24 @@ import pytest
 
 from extproc.bench.routing_options import (
     BUFFERED,
+    ENVOY2,
     GRPCIO,
     LEAN,
     NOFLOW,
     PREBUFFERED,
     SHARE,
+    STAGGER,
     STREAMED,
     PrefixShape,
     add_shape_options,
     body_mode,
+    envoy_workers,
     front_end,
     parse_range,
     service_replicas,
     shares_scrapes,
     split_strategy,
+    staggers_scrapes,
 )
 from extproc.bench.routing_workloads import popularity_weights, shared_prefix_workload
 
@@ -68,6 +72,13 @@ def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others()
         assert shares_scrapes(strategy) and split_strategy(strategy)[0] == "default"
     assert split_strategy(f"default{SHARE}{NOFLOW}") == ("default", False)
     assert front_end(f"default{SHARE}{LEAN}") == "lean"
+
+
+def test_the_stagger_and_envoy_worker_suffixes_combine_with_the_others() -> None:
+    assert not staggers_scrapes("default") and envoy_workers("default@3") == 1
+    strategy = f"default{STAGGER}{ENVOY2}{NOFLOW}@2"
+    assert staggers_scrapes(strategy) and envoy_workers(strategy) == 2
+    assert split_strategy(strategy) == ("default", False) and service_replicas(strategy, 1) == 2
 
 
 @pytest.mark.parametrize(("text", "bounds"), [("300", (300, 300)), ("8-48", (8, 48))])

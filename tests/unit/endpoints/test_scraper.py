@@ -84,8 +84,13 @@ async def scrapes_done() -> None:
     await eventually(lambda: not scraper_tasks("_scrape"), "the round's scrapes to finish")
 
 
+async def no_wait(delay: float) -> None:
+    """The stagger offsets pass at once (the rounds are stepped by the test; see the stagger tests)."""
+
+
 def scraper(registry: EndpointRegistry, transport: FakeTransport, sleep: SteppedSleep,
             config: ScrapeConfig = CONFIG, **kwargs: object) -> MetricsScraper:
+    kwargs.setdefault("stagger_sleep", no_wait)
     return MetricsScraper(registry, config, transport=transport, sleep=sleep, **kwargs)  # type: ignore[arg-type]
 
 
@@ -345,3 +350,41 @@ async def test_a_scrape_records_every_replicas_in_flight_so_the_others_finished_
     assert seats.requests(ep, 50.01) == 5 and seats.room(ep, 50.01) == 2
     lease.release()
     assert seats.room(ep, 50.01) == 3
+
+
+class ParkedOffsets:
+    """A stagger sleep that records each offset and holds its scrape until `release`."""
+
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+        self.gate = asyncio.Event()
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+        await self.gate.wait()
+
+
+async def test_a_rounds_scrapes_start_spread_over_the_first_half_of_the_interval() -> None:
+    transport, sleep, offsets = FakeTransport(), SteppedSleep(), ParkedOffsets()
+    registry = registry_of(A, B, C, "10.0.0.4:8000")
+    async with scraper(registry, transport, sleep, ScrapeConfig(interval_ms=40, timeout_ms=100, stagger=True),
+                       stagger_sleep=offsets):
+        await sleep.wait_parked()
+        await eventually(lambda: len(offsets.delays) == 3, "three scrapes waiting for their offsets")
+        # The first endpoint at once, the others at their own place within the first 20 ms of the 40 ms round.
+        assert offsets.delays == pytest.approx([0.005, 0.010, 0.015])
+        assert transport.hits == {A: 1}
+        offsets.gate.set()
+        await scrapes_done()
+        assert transport.hits == {A: 1, B: 1, C: 1, "10.0.0.4:8000": 1}
+
+
+async def test_without_stagger_a_round_scrapes_every_endpoint_at_once() -> None:
+    transport, sleep, offsets = FakeTransport(), SteppedSleep(), ParkedOffsets()
+    registry = registry_of(A, B, C)
+    assert not ScrapeConfig().stagger  # the default
+    async with scraper(registry, transport, sleep, ScrapeConfig(interval_ms=40, timeout_ms=100),
+                       stagger_sleep=offsets):
+        await sleep.wait_parked()
+        await scrapes_done()
+        assert transport.hits == {A: 1, B: 1, C: 1} and offsets.delays == []
