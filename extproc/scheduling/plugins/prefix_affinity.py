@@ -160,7 +160,8 @@ class PrefixAffinityScorer:
                                  params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
         self.room = KvRoom(params.pair_shortfall, params.pair_hold_ms / 1000.0) if (
             self.pairs is not None and params.pair_shortfall > 0) else None
-        self.life = CacheLife(params.pair_lifetime) if self.pairs is not None and params.pair_lifetime > 0 else None
+        self.life = CacheLife(params.pair_lifetime, params.pair_refresh_ms / 1000.0) if (
+            self.pairs is not None and params.pair_lifetime > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
@@ -346,18 +347,17 @@ class PrefixAffinityScorer:
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
+        uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         if self.pairs is not None:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
             self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
-            self.pairs.ends(blocks[-1])
+            cached = held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS)
             if self.room is not None:
-                self.room.sent(anchor, endpoint.address, request.prompt_tokens,
-                               held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS), request.now)
-        uncached = request.prompt_tokens * (1.0 - held / len(blocks))
-        if self.life is not None:
-            self.life.sent(blocks[min(len(blocks), self.params.anchor_blocks) - 1], endpoint.address,
-                           held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS) or request.prompt_tokens,
-                           uncached + (request.max_output_tokens or 0), request.now)
+                self.room.sent(anchor, endpoint.address, request.prompt_tokens, cached, request.now)
+            if self.life is not None:  # (`replays` before this prompt's end is recorded: a conversation's next turn)
+                self.life.sent(anchor, endpoint.address, cached or request.prompt_tokens, uncached + (
+                    request.max_output_tokens or 0), request.now, self.pairs.replays(blocks, held))
+            self.pairs.ends(blocks[-1])
         self.backlog.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:
             self._outbox.append((endpoint.address, fresh))
