@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from extproc.endpoints import Endpoint
-from extproc.scheduling.cache_life import DECIDE_AFTER, REFUSED_S, CacheLife
+from extproc.scheduling.cache_life import DECIDE_AGE_S, DECIDE_BY_S, REFUSED_S, CacheLife
 from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinityScorer
 from tests.unit.scheduling.helpers import NOW, endpoint
 from tests.unit.scheduling.test_prefix_pairs import question, send
@@ -54,8 +54,8 @@ def test_a_copy_is_placed_only_if_requests_at_half_the_rate_come_within_the_life
     life = CacheLife(margin=2.0)
     background(life, endpoints, NOW - 10.0, 10)
     home, target = endpoints[0], endpoints[1]
-    for n in range(20):  # the prefix asked every `gap` seconds at its home
-        life.sent(7, home.address, 300.0, 100.0, NOW - 20 * gap + n * gap)
+    for n in range(round(3.0 / gap)):  # the prefix asked every `gap` seconds at its home for 3 s
+        life.sent(7, home.address, 300.0, 100.0, NOW - 3.0 + n * gap)
     # every 0.1 s: 2 x 2 / 10 = 0.4 s per copy within ~1.8 s; every 1 s: 4 s, not within it
     assert life.allows(7, 300.0, target, [home.address], NOW) == placed
 
@@ -63,10 +63,11 @@ def test_a_copy_is_placed_only_if_requests_at_half_the_rate_come_within_the_life
 def test_a_copy_that_would_push_the_targets_cached_families_out_is_refused_and_stays_refused() -> None:
     endpoints = fleet()
     home, target = endpoints[0], endpoints[1]
-    # 10 s: both engines write 1,000 tokens/s; a busy prefix (3,000 tokens) is asked 20 times a second at its home.
+    # 10 s: both engines write 1,000 tokens/s; a new busy prefix (3,000 tokens) is asked 20 times a second at its
+    # home for the last 2 s (young enough to be weighed).
     sends = [(NOW - 10.0 + step * 0.1, n, e.address, 100.0, 100.0) for step in range(100)
              for n, e in ((1, home), (2, target))]
-    sends += [(NOW - 10.0 + n * 0.05, 7, home.address, 3000.0, 0.0) for n in range(200)]
+    sends += [(NOW - 2.0 + n * 0.05, 7, home.address, 3000.0, 0.0) for n in range(40)]
     life = CacheLife(margin=2.0)
     replay(life, sends)
     assert life.allows(7, 3000.0, target, [home.address], NOW)
@@ -75,12 +76,14 @@ def test_a_copy_that_would_push_the_targets_cached_families_out_is_refused_and_s
     other = CacheLife(margin=2.0)
     replay(other, [*sends, *((NOW - 10.0 + n * 2.5, 3, target.address, 3000.0, 0.0) for n in range(4))])
     assert not other.allows(7, 3000.0, target, [home.address], NOW)
-    # Decided once: not weighed again for REFUSED_S, even towards an engine with room (nothing sent there yet).
+    # Decided once: not weighed again for REFUSED_S, even towards an engine with room (nothing sent there yet);
+    # and never once the family is older than DECIDE_BY_S.
     idle = endpoints[2]
     assert life.allows(7, 3000.0, idle, [home.address], NOW)
-    replay(other, [(NOW + n * 0.05, 7, home.address, 3000.0, 0.0) for n in range(1, round(REFUSED_S * 20) + 1)])
-    assert not other.allows(7, 3000.0, idle, [home.address], NOW + REFUSED_S - 1.0)
-    assert other.allows(7, 3000.0, idle, [home.address], NOW + REFUSED_S)
+    assert not other.allows(7, 3000.0, idle, [home.address], NOW + 1.0)
+    fresh = CacheLife(margin=2.0)
+    replay(fresh, sends)
+    assert not fresh.allows(7, 3000.0, idle, [home.address], NOW - 2.0 + DECIDE_BY_S + 0.5)
 
 
 def test_an_engine_that_did_not_report_its_kv_size_gets_no_copy() -> None:
@@ -107,7 +110,7 @@ def test_a_prefix_asked_too_rarely_for_two_copies_to_stay_cached_keeps_one_home(
     if scorer.life is not None:
         background(scorer.life, endpoints, NOW - 10.0, 20)  # the engines' caches turn over in ~2 s
     # Asked once a second: 2 s per copy, margin 2: 4 s; decided once DECIDE_AFTER requests are counted.
-    homes = {send(scorer, question(n), at(endpoints, NOW + n), NOW + n) for n in range(round(DECIDE_AFTER) + 3)}
+    homes = {send(scorer, question(n), at(endpoints, NOW + n), NOW + n) for n in range(6)}
     assert (len(homes) == 1) == (lifetime > 0)
 
 
@@ -116,9 +119,67 @@ def test_a_busy_prefix_still_gets_its_second_home_with_the_rule() -> None:
     scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_lifetime=3.0))
     assert scorer.life is not None
     background(scorer.life, endpoints, NOW - 10.0, 11)
-    homes = [send(scorer, question(n), endpoints, NOW + 0.1 * n) for n in range(round(DECIDE_AFTER) + 3)]
-    assert len(set(homes[:round(DECIDE_AFTER)])) == 1  # the rate is not weighed on fewer requests
+    homes = [send(scorer, question(n), at(endpoints, NOW + 0.1 * n), NOW + 0.1 * n) for n in range(30)]
+    young = round(DECIDE_AGE_S / 0.1)
+    assert len(set(homes[:young])) == 1  # not weighed in its first DECIDE_AGE_S
     assert len(set(homes)) == 2
+
+
+def uniform(life: CacheLife, endpoints: list[Endpoint], start: float, seconds: float, rate: float) -> None:
+    """Six families per engine, each asked `rate` times a second (3,000-token prefixes, 400 tokens written)."""
+    step = 1.0 / rate
+    for k in range(round(seconds / step)):
+        for n, e in enumerate(endpoints):
+            for f in range(6):
+                life.sent(100 + 6 * n + f, e.address, 3000.0, 400.0, start + k * step + f * step / 6)
+
+
+def test_where_every_family_is_asked_alike_a_young_family_is_weighed_on_the_pools_rate() -> None:
+    endpoints = fleet(blocks=4_000)  # 64,000 tokens per engine
+    life = CacheLife(margin=2.0, refresh_s=2.5)
+    uniform(life, endpoints, NOW - 10.0, 10.0, 1.5)
+    home, target = endpoints[0], endpoints[1]
+    # A new family asked twice in its first 1.5 s (too few to rate it alone, DECIDE_AFTER): the families differ by
+    # no more than Poisson noise, so it counts as asked like them (1.5 a second) and its copy stays cached.
+    for at in (NOW - 1.5, NOW - 0.7):
+        life.sent(7, home.address, 3000.0, 3400.0 if at == NOW - 1.5 else 400.0, at)
+    assert life.allows(7, 3000.0, target, [home.address], NOW)
+    # Where popularity is skewed (one busy family per engine besides the even ones), two requests are too few.
+    skewed = CacheLife(margin=2.0, refresh_s=2.5)
+    uniform(skewed, endpoints, NOW - 10.0, 10.0, 1.5)
+    for n, e in enumerate(endpoints):
+        for k in range(200):
+            skewed.sent(900 + n, e.address, 3000.0, 400.0, NOW - 10.0 + k * 0.05)
+    for at in (NOW - 1.5, NOW - 0.7):
+        skewed.sent(7, home.address, 3000.0, 3400.0 if at == NOW - 1.5 else 400.0, at)
+    assert not skewed.allows(7, 3000.0, target, [home.address], NOW)
+
+
+@pytest.mark.parametrize("replayed", [False, True])
+def test_a_conversation_family_is_never_paired(replayed: bool) -> None:
+    endpoints = fleet(blocks=20_000)
+    life = CacheLife(margin=2.0)
+    home, target = endpoints[0], endpoints[1]
+    for n in range(40):  # a busy family, one of whose requests replays an earlier prompt (a next turn)
+        life.sent(7, home.address, 300.0, 100.0, NOW - 2.0 + n * 0.05, replayed=replayed and n == 20)
+    assert life.allows(7, 300.0, target, [home.address], NOW) != replayed
+
+
+def test_placements_asked_again_are_the_familys_footprint_one_offs_are_writes() -> None:
+    endpoints = fleet(blocks=2_000)
+    target, other = endpoints[0], endpoints[1]
+    life = CacheLife(margin=2.0)
+    # Both engines are sent a 3,000-token prompt of a new family every 0.5 s; at `target` each family is asked
+    # again at once (so each was the placement of a family kept there), at `other` never (one-off writes).
+    for k in range(20):
+        at = NOW - 10.0 + k * 0.5
+        life.sent(500 + k, target.address, 3000.0, 3000.0, at)
+        life.sent(500 + k, target.address, 3000.0, 50.0, at + 0.01)
+        life.sent(900 + k, other.address, 3000.0, 3000.0, at)
+    kept, _ = life._load(target.address, NOW, {})
+    once, _ = life._load(other.address, NOW, {})
+    assert once == pytest.approx(6_000.0, rel=0.15)  # 3,000 tokens twice a second
+    assert kept < 0.1 * once  # the reuses' 50 tokens only
 
 
 def test_the_rule_needs_pairs_and_a_non_negative_margin() -> None:
