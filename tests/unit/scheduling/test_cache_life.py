@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from extproc.endpoints import Endpoint
-from extproc.scheduling.cache_life import DECIDE_AGE_S, DECIDE_BY_S, REFUSED_S, CacheLife
+from extproc.scheduling.cache_life import DECIDE_AGE_S, DECIDE_BY_S, CacheLife
 from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinityScorer
 from tests.unit.scheduling.helpers import NOW, endpoint
 from tests.unit.scheduling.test_prefix_pairs import question, send
