@@ -42,7 +42,7 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    The KV-room gate (`pair_shortfall`, `extproc.scheduling.kv_room`) stops pairing while an engine's scraped
    prefix-cache hits fall short of what the directory promised; it reacts too late for Zipf and drift at 80%
    (reports/i15-s13/README.md). The cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`)
-   places a second home only where both copies stay cached (reports/i15-s13-life).
+   places one only where both copies stay cached, while the family is young (reports/i15-s14/pairs).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
