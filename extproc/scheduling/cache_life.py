@@ -52,7 +52,7 @@ K = TypeVar("K", bound=Hashable)
 
 DECAY_S = 10.0  # time constant of the written tokens and the families' request counts
 PROTECTED = 1.0  # families asked at least this many times per lifetime (cached now) must keep `margin` of them
-DECIDE_AFTER = 6.0  # a family is weighed once its counted requests plus the prior's worth reach this
+DECIDE_AFTER = 8.0  # a family is weighed once its counted requests plus the prior's worth reach this
 DECIDE_AGE_S = 1.2  # a family is weighed from this long after its first request ...
 DECIDE_BY_S = 4.0  # ... until this long after it (then never: a later second home costs a prefill in the tail)
 REFUSED_S = 30.0  # a family refused a second home is not considered again for this long
