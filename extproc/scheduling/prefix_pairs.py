@@ -61,6 +61,11 @@ class PrefixPairs:
         if len(self._ends) > SENT_KEPT:
             self._ends.popitem(last=False)
 
+    def replays(self, blocks: Sequence[int], held: int) -> bool:
+        """Whether a prompt whose first `held` `blocks` its endpoint holds replays an earlier prompt whole (a
+        conversation's next turn)."""
+        return held > 0 and blocks[held - 1] in self._ends
+
     def paired(self, keys: Sequence[int], now: float) -> None:
         """A second home was placed now for the prefix whose chain's last blocks are `keys`."""
         self._paired_at = now

@@ -11,21 +11,14 @@ Placement, in order:
    has its system prompt), then the one with the least prefill backlog (uncached prompt tokens recently sent
    there, decaying), then the least loaded, then by rendezvous rank of the prompt's anchor (its first
    `anchor_blocks` blocks). The next endpoint in the same order is the spill (score `spill_score`).
-   Service replicas that do not share their directories (several replicas, no Redis) must place a prefix alike
-   without talking, whenever each first sees it: they skip backlog and load and take the best rendezvous rank
-   among the endpoints that are not hot (consistent hashing with bounded loads). Balanced placement is worth
-   it only with one view of the fleet's placements; without it, replicas placing by load would give a prefix
-   a home each (measured in virtual time, 3 replicas, 48 prefixes of 3,000 tokens at 80% load: hit rate 0.75
-   and TTFT p99 723 ms when placing by load, 0.90 and 115 ms by rank).
-   Replicas that share their directories still each miss the others' last sends (tens of milliseconds until
-   the exchanges carry them): an endpoint another replica has just given a new prefix looks idle, so two
-   replicas placing new prefixes at the same moment picked the same endpoint (issue 15, multi-turn with 3
-   replicas: system prompts asked one after the other shared engines, and their requests arrived back to
-   back). With `owned_first` each replica is dealt an even share of the endpoints (`replica_slot`, from the
-   in-flight exchange) and places a new prefix on one of its own when that one is within what it may not see
-   of the best: one request of the least load and one full prefill of this prompt of the least backlog. The
-   deal is over the pool's whole endpoint set (`SchedulingRequest.pool`), not the request's candidates, which
-   differ per request (filters, a sample of a large pool): an endpoint has one owner per (pool, live replicas).
+   Service replicas that do not share their directories (no Redis) must place a prefix alike without talking:
+   they skip backlog and load and take the best rendezvous rank among the endpoints that are not hot (virtual
+   time, 3 replicas, 48 x 3,000-token prefixes at 80%: hit 0.75 and p99 723 ms by load, 0.90 and 115 ms by rank).
+   Replicas that share their directories still miss the others' last sends for tens of milliseconds, so two
+   placing new prefixes at once picked the same idle-looking endpoint (issue 15, multi-turn, 3 replicas). With
+   `owned_first` each replica is dealt an even share of the pool's endpoints (`replica_slot`; the pool's whole
+   set, `SchedulingRequest.pool`, not the request's candidates) and places a new prefix on one of its own when
+   that one is within one request of the least load and one full prefill of this prompt of the least backlog.
 An endpoint is hot when its load (the pool's load model: scraped running + waiting plus what was sent since)
 exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gains homes as its traffic needs
 them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
@@ -33,10 +26,8 @@ share of the average would react to (moving a prefix costs a full prefill of it 
 3. Split by demand: a prefix drawing more than `split_share` endpoints' fair share of the pool's recent requests
    (requests counted per deepest known prefix, decaying with `split_decay_ms`, once `split_min_requests` of
    them were counted) gets one home per `split_share` of it, placed as in 2 among the endpoints that are not its
-   homes yet, before any home is hot. Its home's engine then steps through fewer new prompts at once, and the
-   full prefill a second home costs is paid once, not under the load that makes the home hot (issue 15, drift
-   and Zipf 1.1 at 40% load, real runs, 2 seeds, on vs off in the same run: TTFT p90 54.1 vs 59.1 and 51.4 vs
-   53.5 ms, p99 247.5 vs 252.5 and 242.0 vs 240.6 ms, hit rate 0.8868 vs 0.8883 and 0.8923 vs 0.8917;
+   homes yet, before any home is hot: the full prefill a second home costs is paid once, not under the load that
+   makes the home hot (issue 15, drift and Zipf 1.1 at 40%, real runs: TTFT p90 54.1 vs 59.1 and 51.4 vs 53.5 ms;
    reports/routing-s9/drift). Uniform popularity, multi-turn and mixed workloads never have such a prefix.
 4. Second homes (`pair_requests`, off unless a policy sets it; state in `extproc.scheduling.prefix_pairs`): while
    the pool's average load is at least `pair_load`, a prefix that a second request branches off (not a
@@ -50,7 +41,8 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    cache pressure lack (mixed 80% p90 257.05 vs 146.9 ms, Zipf 1.1 80% p99 267.1 vs 166.4; reports/i15-s12).
    The KV-room gate (`pair_shortfall`, `extproc.scheduling.kv_room`) stops pairing while an engine's scraped
    prefix-cache hits fall short of what the directory promised; it reacts too late for Zipf and drift at 80%
-   (reports/i15-s13/README.md).
+   (reports/i15-s13/README.md). The cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`)
+   places one only where both copies stay cached, while the family is young (reports/i15-s14/pairs).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
@@ -68,6 +60,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.endpoints import Endpoint
+from extproc.scheduling.cache_life import CacheLife
 from extproc.scheduling.framework import SchedulingRequest
 from extproc.scheduling.kv_room import KvRoom
 from extproc.scheduling.prefix import DEFAULT_BLOCK_CHARS, rendezvous
@@ -104,11 +97,9 @@ class Params:
     anchor_blocks: int = 8  # ~128 tokens: the key whose rendezvous rank breaks ties between equal endpoints
     load_bound: float = 1.5  # hot: load above load_bound x pool average + load_slack
     load_slack: float = 8.0
-    # Score of the second choice. In the default profile (weight 3, queue and KV scorers of weight 1 each) the home
-    # must outscore the spill by more than those two together (3 x (1 - 0.2) = 2.4 > 2): at 0.5 they sent a
-    # request elsewhere whenever the home was the most queued and its KV cache the fullest, which duplicated
-    # prefixes exactly when the caches were short (virtual time, 4 engines, 24 x 2,000-token prefixes at 80%:
-    # hit rate 0.83 and TTFT p90 197 ms; at 0.2: 0.89 and 44 ms).
+    # Score of the second choice: in the default profile (weight 3; queue and KV scorers weight 1 each) the home
+    # must outscore the spill by more than those two (3 x 0.8 > 2); at 0.5 prefixes were duplicated exactly when
+    # caches were short (virtual time, 4 engines, 24 x 2,000-token prefixes at 80%: hit 0.83 vs 0.89).
     spill_score: float = 0.2
     index_capacity: int = 200_000  # block hashes remembered (least recently used out)
     homes: int = 8  # endpoints remembered per block hash
@@ -136,6 +127,7 @@ class Params:
     # KV-room gate (0: off; see 4.): the hit-fraction shortfall that counts as eviction, the calm that clears it.
     pair_shortfall: float = 0.0
     pair_hold_ms: float = 10000.0
+    pair_lifetime: float = 0.0  # cache-lifetime rule (0: off; see 4.): copies' request intervals per lifetime
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -150,9 +142,9 @@ class Params:
         if self.split_share < 0.0 or self.split_decay_ms <= 0.0 or self.split_min_requests < 0.0:
             raise ValueError("split_share and split_min_requests must be >= 0, split_decay_ms > 0")
         if min(self.pair_requests, self.pair_load, self.pair_every_ms, self.pair_refresh_ms, self.pair_shortfall,
-               self.pair_hold_ms) < 0.0 or self.pair_decay_ms <= 0.0:
-            raise ValueError("pair_requests, pair_load, pair_every_ms, pair_refresh_ms, pair_shortfall and "
-                             "pair_hold_ms must be >= 0, pair_decay_ms > 0")
+               self.pair_hold_ms, self.pair_lifetime) < 0.0 or self.pair_decay_ms <= 0.0:
+            raise ValueError("pair_requests, pair_load, pair_every_ms, pair_refresh_ms, pair_shortfall, "
+                             "pair_hold_ms and pair_lifetime must be >= 0, pair_decay_ms > 0")
 
 
 class PrefixAffinityScorer:
@@ -168,6 +160,8 @@ class PrefixAffinityScorer:
                                  params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
         self.room = KvRoom(params.pair_shortfall, params.pair_hold_ms / 1000.0) if (
             self.pairs is not None and params.pair_shortfall > 0) else None
+        self.life = CacheLife(params.pair_lifetime, params.pair_refresh_ms / 1000.0) if (
+            self.pairs is not None and params.pair_lifetime > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
@@ -202,12 +196,18 @@ class PrefixAffinityScorer:
             room.check(endpoints, request.now)
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
-        if pairs is not None and deepest and self._pair(pairs, blocks, request.now, near, deepest,
+        keys = blocks[max(1, near) - 1:deepest]
+        if pairs is not None and deepest and self._pair(pairs, keys, blocks, near, request.now,
                                                         sum(loads) / count >= self.params.pair_load and not (
                                                             room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
-            order = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
-            return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
+            paired = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
+            paired = [i for i in paired if depth[i] < near] + [i for i in paired if depth[i] >= near]
+            if self.life is None or (depth[paired[0]] < near and self.life.allows(
+                    anchor, deepest * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS), endpoints[paired[0]],
+                    [a for a, d in zip(addresses, depth, strict=True) if d >= near], request.now)):
+                pairs.paired(keys, request.now)
+                return paired
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
@@ -264,17 +264,14 @@ class PrefixAffinityScorer:
         homes = sum(1 for d in depth if d >= near)
         return homes < 1 + int(self.demand.share(prefix, now) * len(depth) / share)
 
-    def _pair(self, pairs: PrefixPairs, blocks: Sequence[int], now: float, near: int, deepest: int,
+    def _pair(self, pairs: PrefixPairs, keys: Sequence[int], blocks: Sequence[int], near: int, now: float,
               busy: bool) -> bool:
         """Count the request for its prefix (the chain's blocks from `near` to `deepest`); whether a second home
         is due now: the prefix is asked often enough, the pool is `busy`, and fewer than two endpoints of the whole
         pool hold it (the candidates may lack a saturated home, which must not make a third)."""
-        if not pairs.count(blocks[max(1, near) - 1:deepest], now) or not busy:
+        if not pairs.count(keys, now) or not busy:
             return False
-        if sum(1 for d in self.directory.depths(blocks).values() if d >= near) >= 2:
-            return False
-        pairs.paired(blocks[max(1, near) - 1:deepest], now)
-        return True
+        return sum(1 for d in self.directory.depths(blocks).values() if d >= near) < 2
 
     def _pick_home(self, pairs: PrefixPairs, request: SchedulingRequest, follow: list[int], addresses: list[str],
                    depth: list[int], loads: list[float], rank: list[int], anchor: int) -> int:
@@ -350,14 +347,17 @@ class PrefixAffinityScorer:
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
+        uncached = request.prompt_tokens * (1.0 - held / len(blocks))
         if self.pairs is not None:
             anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
             self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
-            self.pairs.ends(blocks[-1])
+            cached = held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS)
             if self.room is not None:
-                self.room.sent(anchor, endpoint.address, request.prompt_tokens,
-                               held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS), request.now)
-        uncached = request.prompt_tokens * (1.0 - held / len(blocks))
+                self.room.sent(anchor, endpoint.address, request.prompt_tokens, cached, request.now)
+            if self.life is not None:  # (`replays` before this prompt's end is recorded: a conversation's next turn)
+                self.life.sent(anchor, endpoint.address, cached or request.prompt_tokens, uncached + (
+                    request.max_output_tokens or 0), request.now, self.pairs.replays(blocks, held))
+            self.pairs.ends(blocks[-1])
         self.backlog.add(endpoint.address, uncached, request.now)
         if self._outbox is not None and fresh:
             self._outbox.append((endpoint.address, fresh))
