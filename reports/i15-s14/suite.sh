@@ -1,6 +1,7 @@
 #!/bin/bash
 # The issue-15 suite on one commit, case by case, each case one hold of the machine-wide lock, run from an archived
-# copy of the commit (so the checkout may change meanwhile). Usage: reports/i15-s14/suite.sh COMMIT [CASE:STRATEGIES ...] (default: all five cases)
+# copy of the commit (so the checkout may change meanwhile). A strategy `life` is the opt-in profile
+# reports/i15-s14/pairs/life.yaml (second homes + cache-lifetime rule). Usage: reports/i15-s14/suite.sh COMMIT [CASE:STRATEGIES ...] (default: all five cases)
 # Strategies per case: ours + the peers that were ever the best peer there (reports/i15-s11/suite: sglang-router
 # on uniform, zipf, drift; vllm-router cache_aware also on multi-turn and mixed). default@3 is added by the suite.
 set -e
@@ -17,7 +18,8 @@ for spec in "${specs[@]}"; do
     T=$1; out=$2; case=$3; strategies=$4; commit=$5; PY=$6
     echo "$case: commit $commit; locked $(date -u +%FT%TZ) $(uptime)" >> "$out/uptime.txt"
     (cd "$T" && PYTHONPATH=$T "$PY" -m extproc bench routing-suite --cases "$case" --strategies "$strategies" \
-       --repeat 3 --duration 20 --warmup 5 --out "$out" > "$out/$case.log" 2>&1) || echo "$case: exit $?" >> "$out/uptime.txt"
+       --repeat 3 --duration 20 --warmup 5 --out "$out" \
+       $(case ",$strategies," in *,life,*) echo --scheduling "$T/reports/i15-s14/pairs/life.yaml";; esac) > "$out/$case.log" 2>&1) || echo "$case: exit $?" >> "$out/uptime.txt"
     echo "$case: released $(date -u +%FT%TZ) $(uptime)" >> "$out/uptime.txt"
   ' _ "$T" "$out" "$case" "$strategies" "$commit" "$repo/.venv/bin/python"
 done
