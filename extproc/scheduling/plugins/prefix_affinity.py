@@ -35,14 +35,14 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    endpoint holding the fewest prompt tokens of prefixes placed there; its requests then go to the home with the
    least prefill backlog (power of two choices), and a home not sent its prompt family for `pair_refresh_ms`
    gets the next one, so that its engine keeps it cached. It takes the Poisson bunching of new prompts on one
-   engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs, 2 seeds, same
-   run: TTFT p90 43.5 vs 55.1 ms (sglang-router 53.85), p99 66.95 vs 77.75 (75.5), hit 0.9035 vs 0.9063;
-   reports/i15-s12/u80b). It is off by default: a second copy of every busy prefix costs KV that workloads with
-   cache pressure lack (mixed 80% p90 257.05 vs 146.9 ms, Zipf 1.1 80% p99 267.1 vs 166.4; reports/i15-s12).
+   engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs: TTFT p90 43.5 vs
+   55.1 ms, p99 66.95 vs 77.75; reports/i15-s12/u80b). It is off by default: a second copy of every busy prefix
+   costs KV that workloads with cache pressure lack (mixed 80% p90 257 vs 147 ms; reports/i15-s12).
    The KV-room gate (`pair_shortfall`, `extproc.scheduling.kv_room`) stops pairing while an engine's scraped
    prefix-cache hits fall short of what the directory promised; it reacts too late for Zipf and drift at 80%
-   (reports/i15-s13/README.md). The cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`)
-   places one only where both copies stay cached, while the family is young (reports/i15-s14/pairs).
+   (i15-s13). The cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`) places one only where
+   both copies stay cached, while the family is young (i15-s14/pairs). Only one replica places them: slot 0 of
+   those sharing placements (the others follow its placements), none when replicas share nothing.
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
 request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
@@ -197,9 +197,9 @@ class PrefixAffinityScorer:
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         keys = blocks[max(1, near) - 1:deepest]
-        if pairs is not None and deepest and self._pair(pairs, keys, blocks, near, request.now,
-                                                        sum(loads) / count >= self.params.pair_load and not (
-                                                            room is not None and room.pool_evicting)):
+        deciding = self._unshared == 1 and self._slot[0] == 0  # second homes: one replica of those sharing decides
+        if pairs is not None and deepest and deciding and self._pair(pairs, keys, blocks, near, request.now, sum(
+                loads) / count >= self.params.pair_load and not (room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
             paired = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
             paired = [i for i in paired if depth[i] < near] + [i for i in paired if depth[i] >= near]

@@ -51,6 +51,20 @@ def test_without_pairs_or_on_an_idle_pool_a_prefix_keeps_one_home() -> None:
         assert len(homes) == 1
 
 
+@pytest.mark.parametrize(("slot", "unshared", "pairs"), [((0, 1), 1, True), ((0, 3), 1, True), ((1, 3), 1, False),
+                                                      ((0, 1), 3, False)])
+def test_only_one_replica_places_second_homes(slot: tuple[int, int], unshared: int, pairs: bool) -> None:
+    """Each replica sees part of the traffic: if every one placed second homes, a prefix would get one copy per
+    replica. Slot 0 of the replicas sharing placements decides (the others learn its placements); replicas that
+    share nothing place none."""
+    endpoints = fleet(running=8)
+    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0))
+    scorer.replica_slot(*slot)
+    scorer.unshared_replicas(unshared)
+    homes = {send(scorer, question(n), endpoints, NOW + n * 0.1) for n in range(6)}
+    assert len(homes) == (2 if pairs else 1)
+
+
 def test_a_conversations_next_turn_is_not_a_shared_prefix() -> None:
     endpoints = fleet(running=8)
     scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0))
