@@ -234,8 +234,8 @@ def _remember(kept: OrderedDict[K, None], key: K) -> None:
 def _below(count: float, expected: float) -> bool:
     """Whether `count` requests are too few to come from a family asked like the mean one (`expected`): Poisson
     P(X <= count) under `UNLIKELY` (such a family is rated on its own counts, not pulled towards the mean)."""
-    if expected > 500:  # (exp underflows) the normal approximation
-        return count < expected - 1.65 * math.sqrt(expected)
+    if expected > 500:  # (exp underflows) the normal approximation: P(Z < -2.88) = UNLIKELY
+        return count < expected - 2.88 * math.sqrt(expected)
     term = total = math.exp(-expected)
     for k in range(1, int(count) + 1):
         term *= expected / k

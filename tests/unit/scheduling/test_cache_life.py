@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 from extproc.endpoints import Endpoint
-from extproc.scheduling.cache_life import DECIDE_AGE_S, DECIDE_BY_S, CacheLife
+from extproc.scheduling.cache_life import DECIDE_AGE_S, DECIDE_BY_S, CacheLife, _below
 from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinityScorer
 from tests.unit.scheduling.helpers import NOW, endpoint
 from tests.unit.scheduling.test_prefix_pairs import question, send
@@ -186,3 +187,10 @@ def test_the_rule_needs_pairs_and_a_non_negative_margin() -> None:
     with pytest.raises(ValueError):
         Params(pair_lifetime=-1.0)
     assert PrefixAffinityScorer("p", Params(pair_lifetime=3.0)).life is None
+
+
+@pytest.mark.parametrize("expected", [40.0, 400.0, 4000.0])  # the exact Poisson sum, and the normal tail above 500
+def test_a_count_is_unlikely_only_about_three_standard_deviations_below_the_mean(expected: float) -> None:
+    sigma = math.sqrt(expected)
+    assert not _below(expected - 2.5 * sigma, expected)
+    assert _below(expected - 3.3 * sigma, expected)
