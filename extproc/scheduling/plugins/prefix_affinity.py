@@ -4,8 +4,7 @@ hot prefix onto one endpoint.
 Placement, in order:
 1. Follow: the endpoints the request's deepest known prefix was sent to (its homes, from the prefix directory)
    that are not hot, or not for `hot_hold_ms` yet (a burst an engine clears in a few steps costs less than a
-   full prefill of the prefix elsewhere: virtual time, issue 15's uniform workload at 80%, 4 seeds: 0-7 prefixes
-   moved and TTFT p99 74-104 ms at once, 0-1 and 77-93 ms with 300 ms); the least loaded of them.
+   full prefill elsewhere; uniform 80%, virtual time: p99 74-104 ms at once, 77-93 at 300 ms); the least loaded.
 2. Otherwise place: a new prefix, or one whose homes are all hot, goes to an endpoint that is not hot, the one
    holding the deepest shorter prefix first (a conversation whose own endpoint is hot moves to another that
    has its system prompt), then the one with the least prefill backlog (uncached prompt tokens recently sent
@@ -44,11 +43,10 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    both copies stay cached, while the family is young (i15-s14/pairs). Only one replica places them: slot 0 of
    those sharing placements (the others follow its placements), none when replicas share nothing.
 
-A pool larger than `scheduling.max_candidates` is scheduled over a sample: `nominate` adds the homes of the
-request's known prefixes and the anchor's best-ranked endpoints of the whole pool, so the sample holds them.
-
-The directory is learned from where requests were sent (`observe`). Service replicas share it through Redis
-(`extproc.server.placements`): `export_shared` / `import_shared` carry what one replica placed to the others.
+A pool larger than `scheduling.max_candidates` is scheduled over a sample that `nominate` makes hold the homes
+of the request's known prefixes and the anchor's best-ranked endpoints of the whole pool. The directory is
+learned from where requests were sent (`observe`); replicas share it through Redis (`extproc.server.placements`,
+`export_shared` / `import_shared`). Second homes are then decided by slot 0 from its share of the traffic.
 """
 
 from __future__ import annotations
@@ -371,6 +369,8 @@ class PrefixAffinityScorer:
     def replica_slot(self, index: int, count: int) -> None:
         """This replica is `index` (0-based) of `count` live replicas sharing placements (0 of 1: alone)."""
         self._slot = (index, count) if 0 <= index < count else (0, 1)
+        if self.life is not None:  # slot 0 decides second homes from its share of the traffic (cache_life)
+            self.life.replicas = self._slot[1]
 
     def export_shared(self) -> list[str]:
         """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""
