@@ -67,16 +67,11 @@ _Stats = tuple[dict[int, float], dict[int, float], float]  # rate factors, poole
 
 
 class CacheLife:
-    __slots__ = ("_copies", "_families", "_pending", "_refused", "_talks", "_written", "margin", "refresh_s",
-                 "replicas")
+    __slots__ = ("_copies", "_families", "_pending", "_refused", "_talks", "_written", "margin", "refresh_s")
 
     def __init__(self, margin: float, refresh_s: float = math.inf) -> None:
         self.margin = margin
         self.refresh_s = refresh_s
-        # Service replicas sharing placements, Envoy spreading requests evenly over them: this one counts about
-        # 1 / replicas of the pool's requests and writes, so its rates are scaled up by it (counts stay as counted,
-        # the estimates' Poisson noise is theirs).
-        self.replicas = 1
         # address -> (decayed tokens written by requests of families known there, by placements, as of, first)
         self._written: dict[str, tuple[float, float, float, float]] = {}
         # address -> family -> (decayed requests, as of, prefix tokens, first counted)
@@ -154,8 +149,8 @@ class CacheLife:
         for family, (count, seen, size, since) in self._families.get(address, OrderedDict()).items():
             if count * math.exp(-max(0.0, now - seen) / DECAY_S) >= FORGOTTEN:
                 rate = factors.get(family, 1.0) * _rate(count, now - seen, now - since)
-                families.append((size, self.replicas * rate))
-        return self.replicas * _rate(tokens + placed, now - at, now - first), families
+                families.append((size, rate))
+        return _rate(tokens + placed, now - at, now - first), families
 
     @staticmethod
     def lifetime(kv_tokens: float, written: float, families: Sequence[tuple[float, float]]) -> float:
@@ -198,7 +193,7 @@ class CacheLife:
         if metrics is None or metrics.num_gpu_blocks <= 0 or not homes:
             return False
         factors, pooled, _ = stats
-        rate = self.replicas * factors.get(family, 1.0) * sum(self.rate(family, a, now) for a in homes)
+        rate = factors.get(family, 1.0) * sum(self.rate(family, a, now) for a in homes)
         if rate <= 0:
             return False
         kv = float(metrics.num_gpu_blocks * metrics.block_size)
@@ -215,9 +210,9 @@ class CacheLife:
         for other, (count, seen, _, first) in self._families.get(target.address, OrderedDict()).items():
             if count * math.exp(-max(0.0, now - seen) / DECAY_S) < FORGOTTEN:
                 continue
-            here = self.replicas * factors.get(other, 1.0) * _rate(count, now - seen, now - first)
+            here = factors.get(other, 1.0) * _rate(count, now - seen, now - first)
             if here * before >= PROTECTED:
-                needed = max(needed, self._needed(here, self.replicas * pooled.get(other, 0.0)))
+                needed = max(needed, self._needed(here, pooled.get(other, 0.0)))
         return needed <= after
 
     def _needed(self, here: float, total: float) -> float:

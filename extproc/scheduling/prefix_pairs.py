@@ -1,5 +1,4 @@
-"""Second homes for busy shared prefixes: the state behind `prefix-affinity-scorer`'s `pair_requests` (off unless a
-policy sets it).
+"""Second homes for busy shared prefixes: the state behind `prefix-affinity-scorer`'s `pair_requests`.
 
 A prompt prefix that many requests share (a system prompt) is cached on one endpoint, its home. With two homes,
 each request of it can go to the one with less prefill work ahead of it (the power of two choices), which takes

@@ -28,25 +28,27 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    homes yet, before any home is hot: the full prefill a second home costs is paid once, not under the load that
    makes the home hot (issue 15, drift and Zipf 1.1 at 40%, real runs: TTFT p90 54.1 vs 59.1 and 51.4 vs 53.5 ms;
    reports/routing-s9/drift). Uniform popularity, multi-turn and mixed workloads never have such a prefix.
-4. Second homes (`pair_requests`, off unless a policy sets it; state in `extproc.scheduling.prefix_pairs`): while
+4. Second homes (`pair_requests`; state in `extproc.scheduling.prefix_pairs`): while
    the pool's average load is at least `pair_load`, a prefix that a second request branches off (not a
    conversation's next turn, which replays an earlier prompt whole) gets a second home, placed as in 2 on the
    endpoint holding the fewest prompt tokens of prefixes placed there; its requests then go to the home with the
    least prefill backlog (power of two choices), and a home not sent its prompt family for `pair_refresh_ms`
    gets the next one, so that its engine keeps it cached. It takes the Poisson bunching of new prompts on one
    engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs: TTFT p90 43.5 vs
-   55.1 ms, p99 66.95 vs 77.75; reports/i15-s12/u80b). It is off by default: a second copy of every busy prefix
-   costs KV that workloads with cache pressure lack (mixed 80% p90 257 vs 147 ms; reports/i15-s12).
+   55.1 ms, p99 66.95 vs 77.75; reports/i15-s12/u80b). A second copy of every busy prefix costs KV that
+   workloads with cache pressure lack (mixed 80% p90 257 vs 147 ms; reports/i15-s12): on by default only with
+   the cache-lifetime rule below.
    The KV-room gate (`pair_shortfall`, `extproc.scheduling.kv_room`) stops pairing while an engine's scraped
    prefix-cache hits fall short of what the directory promised; it reacts too late for Zipf and drift at 80%
    (i15-s13). The cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`) places one only where
-   both copies stay cached, while the family is young (i15-s14/pairs). Only one replica places them: slot 0 of
-   those sharing placements (the others follow its placements), none when replicas share nothing.
+   both copies stay cached, while the family is young (i15-s14/pairs). Only a service replica deciding alone
+   places them: a replica that sees a third of the traffic pairs too late or too few (virtual time, 3 replicas
+   sharing placements, slot 0 pairing: uniform 80% p99 157 vs 84 ms without pairs; i15-s15).
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample that `nominate` makes hold the homes
 of the request's known prefixes and the anchor's best-ranked endpoints of the whole pool. The directory is
 learned from where requests were sent (`observe`); replicas share it through Redis (`extproc.server.placements`,
-`export_shared` / `import_shared`). Second homes are then decided by slot 0 from its share of the traffic.
+`export_shared` / `import_shared`).
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ class Params:
     # recent requests (decaying with pair_decay_ms) while the pool's average load is at least pair_load requests
     # gets a second home, at most one new one per pair_every_ms; a home of a paired prefix not sent its prompt family
     # for pair_refresh_ms gets the next request.
-    pair_requests: float = 0.0
+    pair_requests: float = 1.0
     pair_decay_ms: float = 10000.0
     pair_load: float = 6.0
     pair_every_ms: float = 50.0
@@ -125,7 +127,7 @@ class Params:
     # KV-room gate (0: off; see 4.): the hit-fraction shortfall that counts as eviction, the calm that clears it.
     pair_shortfall: float = 0.0
     pair_hold_ms: float = 10000.0
-    pair_lifetime: float = 0.0  # cache-lifetime rule (0: off; see 4.): copies' request intervals per lifetime
+    pair_lifetime: float = 3.0  # cache-lifetime rule (0: off; see 4.): copies' request intervals per lifetime
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -195,7 +197,7 @@ class PrefixAffinityScorer:
         if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         keys = blocks[max(1, near) - 1:deepest]
-        deciding = self._unshared == 1 and self._slot[0] == 0  # second homes: one replica of those sharing decides
+        deciding = self._unshared == 1 and self._slot[1] == 1  # second homes: a replica deciding alone only
         if pairs is not None and deepest and deciding and self._pair(pairs, keys, blocks, near, request.now, sum(
                 loads) / count >= self.params.pair_load and not (room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
@@ -369,8 +371,6 @@ class PrefixAffinityScorer:
     def replica_slot(self, index: int, count: int) -> None:
         """This replica is `index` (0-based) of `count` live replicas sharing placements (0 of 1: alone)."""
         self._slot = (index, count) if 0 <= index < count else (0, 1)
-        if self.life is not None:  # slot 0 decides second homes from its share of the traffic (cache_life)
-            self.life.replicas = self._slot[1]
 
     def export_shared(self) -> list[str]:
         """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""

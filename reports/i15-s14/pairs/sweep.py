@@ -1,4 +1,5 @@
-"""(session 14 copy of reports/i15-s13/sweep.py: a variant's items `@NAME=value` set the module constant NAME of
+"""(a variant item `%replicas=N` runs N service replicas sharing placements every 50 ms, as Redis does)
+(session 14 copy of reports/i15-s13/sweep.py: a variant's items `@NAME=value` set the module constant NAME of
 `extproc.scheduling.cache_life` for that run (e.g. `@SHRINK=0`); the others are prefix-affinity-scorer overrides)
 (session 13 copy of reports/i15-s12/sweep.py: the harness now feeds the scraped prefix-cache counters; adds
 `gate`: when the KV-room gate first saw eviction (s, virtual), the share of checks with some endpoint evicting, and
@@ -66,6 +67,8 @@ def one(overrides: str, workload: str, seed: int) -> tuple[float, ...]:
     fleet_harness.Scheduler = (lambda *_a, **_k: SglangLike()) if peer else SCHEDULER  # type: ignore[assignment]
     overrides = "" if peer else overrides
     items = [item.split("=") for item in overrides.split(",") if item]
+    replicas = int(dict(items).pop("%replicas", "1"))  # service replicas sharing placements every 50 ms
+    items = [item for item in items if item[0] != "%replicas"]
     for name, value in CONSTANTS.items():
         setattr(cache_life, name, value)
     for name, value in items:
@@ -91,7 +94,8 @@ def one(overrides: str, workload: str, seed: int) -> tuple[float, ...]:
             drift_after=round(rate * (WARMUP_S + DURATION_S / 2)) if kind == "drift" else None)
     GATE.clear()
     r = run(shared.next_spec, rate, endpoints=8, kv_blocks=kv_blocks_for(shared.prefix_working_set_tokens["chat"], 8),
-            warmup_s=WARMUP_S, duration_s=DURATION_S, seed=seed)
+            warmup_s=WARMUP_S, duration_s=DURATION_S, seed=seed, replicas=replicas,
+            share_s=0.05 if replicas > 1 else None)
     return (r.hit_rate, r.ttft_percentile(90) * 1e3, r.ttft_percentile(99) * 1e3, r.ttft_percentile(50) * 1e3,
             r.cold, *gate())
 

@@ -58,13 +58,14 @@ class Result:
 
 class RoutedFleet:
     def __init__(self, profile: Profile, endpoints: int, *, replicas: int = 1, share_s: float | None = None,
-                 profile_name: str = "default") -> None:
+                 profile_name: str = "default", scheduling: SchedulingConfig | None = None) -> None:
         self.time = VirtualTime()
         self.nodes = [Node(Engine(profile, self.time.clock), Endpoint(f"10.0.0.{i}:8000")) for i in range(endpoints)]
         self.pool = tuple(n.endpoint for n in self.nodes)  # the pool's endpoint set, as the gateway names it
         self.load = LoadModel(SaturationConfig(), stale_after_s=1.0)
         unshared = replicas if share_s is None else 1
-        self.schedulers = [Scheduler(SchedulingConfig(), unshared_replicas=unshared) for _ in range(replicas)]
+        self.schedulers = [Scheduler(scheduling or SchedulingConfig(), unshared_replicas=unshared)
+                           for _ in range(replicas)]
         self.profile_name = profile_name
         self.tokenizer = Tokenizer(profile.vocab_size)
         self.result = Result(requests=[0] * endpoints)
@@ -152,10 +153,12 @@ class RoutedFleet:
 
 def run(next_spec: Callable[[int], RequestSpec], rate: float, *, endpoints: int, kv_blocks: int,
         warmup_s: float = 5.0, duration_s: float = 20.0, seed: int = 0, replicas: int = 1,
-        share_s: float | None = None) -> Result:
+        share_s: float | None = None, scheduling: SchedulingConfig | None = None,
+        profile_name: str = "default") -> Result:
     """Poisson arrivals at `rate` for warm-up + duration; the result counts the requests sent after warm-up."""
     profile = dataclasses.replace(load_profile("h100-8b"), num_gpu_blocks=kv_blocks)
-    fleet = RoutedFleet(profile, endpoints, replicas=replicas, share_s=share_s)
+    fleet = RoutedFleet(profile, endpoints, replicas=replicas, share_s=share_s, profile_name=profile_name,
+                        scheduling=scheduling)
     fleet.measure_from = warmup_s
     rng = random.Random(seed)
     at, index = 0.0, 0

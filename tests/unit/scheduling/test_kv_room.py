@@ -13,7 +13,7 @@ from extproc.scheduling.plugins.prefix_affinity import Params, PrefixAffinitySco
 from tests.unit.scheduling.helpers import NOW, endpoint
 from tests.unit.scheduling.test_prefix_pairs import fleet, question, send
 
-GATED = Params(pair_requests=1.0, pair_shortfall=0.05, pair_hold_ms=500.0)
+GATED = Params(pair_requests=1.0, pair_shortfall=0.05, pair_hold_ms=500.0, pair_lifetime=0.0)
 
 
 def report(endpoints: list[Endpoint], at: float, found: list[float], queried: float = 30_000.0) -> None:
@@ -109,4 +109,4 @@ def test_gate_parameters_are_validated_and_the_gate_needs_pairs() -> None:
     for bad in ({"pair_shortfall": -0.1}, {"pair_hold_ms": -1.0}):
         with pytest.raises(ValueError):
             Params(**bad)  # type: ignore[arg-type]
-    assert PrefixAffinityScorer("p", Params(pair_shortfall=0.05)).room is None
+    assert PrefixAffinityScorer("p", Params(pair_requests=0.0, pair_shortfall=0.05)).room is None

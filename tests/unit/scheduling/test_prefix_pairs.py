@@ -32,7 +32,7 @@ def question(n: int) -> str:
 
 def test_a_busy_shared_prefix_gets_one_second_home_then_alternates_to_the_home_with_less_prefill_ahead() -> None:
     endpoints = fleet(running=8)  # average load 8: busy (pair_load 6)
-    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0))
+    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_lifetime=0.0))
     first = send(scorer, question(0), endpoints, NOW)
     second = send(scorer, question(1), endpoints, NOW + 0.1)  # the prefix's second request: a second home
     assert second != first
@@ -44,21 +44,21 @@ def test_a_busy_shared_prefix_gets_one_second_home_then_alternates_to_the_home_w
 
 
 def test_without_pairs_or_on_an_idle_pool_a_prefix_keeps_one_home() -> None:
-    for params, running in ((Params(), 8.0), (Params(pair_requests=1.0), 2.0)):
+    for params, running in ((Params(pair_requests=0.0), 8.0), (Params(pair_requests=1.0, pair_lifetime=0.0), 2.0)):
         endpoints = fleet(running)
         scorer = PrefixAffinityScorer("p", params)
         homes = {send(scorer, question(n), endpoints, NOW + n * 0.1) for n in range(10)}
         assert len(homes) == 1
 
 
-@pytest.mark.parametrize(("slot", "unshared", "pairs"), [((0, 1), 1, True), ((0, 3), 1, True), ((1, 3), 1, False),
+@pytest.mark.parametrize(("slot", "unshared", "pairs"), [((0, 1), 1, True), ((0, 3), 1, False), ((1, 3), 1, False),
                                                       ((0, 1), 3, False)])
-def test_only_one_replica_places_second_homes(slot: tuple[int, int], unshared: int, pairs: bool) -> None:
-    """Each replica sees part of the traffic: if every one placed second homes, a prefix would get one copy per
-    replica. Slot 0 of the replicas sharing placements decides (the others learn its placements); replicas that
-    share nothing place none."""
+def test_only_a_replica_deciding_alone_places_second_homes(slot: tuple[int, int], unshared: int, pairs: bool) -> None:
+    """Each of several replicas sees part of the traffic: if every one placed second homes, a prefix would get one
+    copy per replica, and one deciding for all sees too little of each family while it is young. Replicas sharing
+    placements or sharing nothing place none."""
     endpoints = fleet(running=8)
-    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0))
+    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_lifetime=0.0))
     scorer.replica_slot(*slot)
     scorer.unshared_replicas(unshared)
     homes = {send(scorer, question(n), endpoints, NOW + n * 0.1) for n in range(6)}
@@ -67,7 +67,7 @@ def test_only_one_replica_places_second_homes(slot: tuple[int, int], unshared: i
 
 def test_a_conversations_next_turn_is_not_a_shared_prefix() -> None:
     endpoints = fleet(running=8)
-    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0))
+    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_lifetime=0.0))
     turn = question(0)
     first = send(scorer, turn, endpoints, NOW)
     for n in range(1, 6):  # each turn replays the whole previous prompt, then adds an answer and a question
@@ -77,7 +77,7 @@ def test_a_conversations_next_turn_is_not_a_shared_prefix() -> None:
 
 def test_a_home_left_idle_past_the_refresh_gets_the_next_request() -> None:
     endpoints = fleet(running=8)
-    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_refresh_ms=500))
+    scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_refresh_ms=500, pair_lifetime=0.0))
     first = send(scorer, question(0), endpoints, NOW)
     second = send(scorer, question(1), endpoints, NOW + 0.1)
     assert second != first
