@@ -28,7 +28,7 @@ class _Walk:
     C over the whole chain (no Python work per block, only per distinct homes tuple). `match`, `holders` and
     `record` of one decision share it: the directory keeps the last one until a home changes."""
 
-    __slots__ = ("blocks", "complete", "depths", "homes", "tails", "version")
+    __slots__ = ("blocks", "complete", "depths", "homes", "tails", "unknown", "version")
 
     def __init__(self, blocks: Sequence[int], version: int, index: Mapping[int, tuple[str, ...]],
                  share_every: int) -> None:
@@ -37,10 +37,18 @@ class _Walk:
         self.homes = homes = list(map(index.get, blocks))  # each block's homes as of `version` (None: unknown)
         # Blocks recorded together share one homes tuple (`record` builds each distinct one once), so a chain
         # holds few distinct tuples: each one's deepest position (later positions overwrite). Equal tuples hold
-        # the same endpoints: one entry for them is enough. One tuple for the whole chain is the usual case.
+        # the same endpoints: one entry for them is enough. One tuple for the whole chain, or for a known prefix
+        # followed by new blocks, is the usual case: told in C without hashing a tuple per block.
         count = len(homes)
-        if count and homes.count(homes[-1]) == count:
-            deepest = {homes[-1]: count - 1}
+        try:
+            self.unknown = unknown = homes.index(None)  # the first block without a home (count: none)
+        except ValueError:
+            self.unknown = unknown = count
+        first = homes[0] if count else None
+        if homes[:unknown].count(first) == unknown and homes[unknown:].count(None) == count - unknown:
+            deepest = {first: unknown - 1} if unknown else {}
+            if unknown < count:
+                deepest[None] = count - 1
         else:
             deepest = dict(zip(homes, range(count), strict=True))
         self.complete = deepest.pop(None, None) is None  # every block has a home
@@ -87,14 +95,14 @@ def _confirmed_depths(homes: Sequence[tuple[str, ...] | None], share_every: int)
     return depths
 
 
-def _leading_run(homes: Sequence[tuple[str, ...] | None], address: str) -> int:
-    """How many leading blocks share the first block's very homes tuple, `address` its most recent home, up to
-    the first unknown block (0 when some other tuple comes before it: the caller then reads block by block)."""
+def _leading_run(homes: list[tuple[str, ...] | None], unknown: int, address: str) -> int:
+    """How many leading blocks share the first block's homes tuple, `address` its most recent home, up to the
+    first unknown block (at `unknown`; 0 when another tuple comes before it: the caller then reads block by
+    block)."""
     first = homes[0] if homes else None
     if first is None or first[-1] != address:
         return 0
-    end = homes.index(None) if None in homes else len(homes)
-    return end if homes[:end].count(first) == end else 0
+    return unknown if homes[:unknown].count(first) == unknown else 0
 
 
 class PrefixDirectory:
@@ -167,7 +175,7 @@ class PrefixDirectory:
         fresh: list[int] = []
         # A leading run already sent to `address` last (a known prefix followed by new blocks, the usual case):
         # held, nothing to write or share, only its recency refreshed, in C. The loop reads on from its end.
-        start = _leading_run(walked.homes, address)
+        start = _leading_run(walked.homes, walked.unknown, address)
         deque(map(index.move_to_end, islice(blocks, start)), 0)
         held = start
         had = [True] * start  # whether `address` held each block before this call, as `match` would have seen it
