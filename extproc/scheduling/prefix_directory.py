@@ -28,19 +28,27 @@ class _Walk:
     C over the whole chain (no Python work per block, only per distinct homes tuple). `match`, `holders` and
     `record` of one decision share it: the directory keeps the last one until a home changes."""
 
-    __slots__ = ("blocks", "complete", "depths", "tails", "version")
+    __slots__ = ("blocks", "complete", "depths", "homes", "tails", "unknown", "version")
 
     def __init__(self, blocks: Sequence[int], version: int, index: Mapping[int, tuple[str, ...]],
                  share_every: int) -> None:
         self.blocks = blocks
         self.version = version
-        homes = list(map(index.get, blocks))
+        self.homes = homes = list(map(index.get, blocks))  # each block's homes as of `version` (None: unknown)
         # Blocks recorded together share one homes tuple (`record` builds each distinct one once), so a chain
         # holds few distinct tuples: each one's deepest position (later positions overwrite). Equal tuples hold
-        # the same endpoints: one entry for them is enough. One tuple for the whole chain is the usual case.
+        # the same endpoints: one entry for them is enough. One tuple for the whole chain, or for a known prefix
+        # followed by new blocks, is the usual case: told in C without hashing a tuple per block.
         count = len(homes)
-        if count and homes.count(homes[-1]) == count:
-            deepest = {homes[-1]: count - 1}
+        try:
+            self.unknown = unknown = homes.index(None)  # the first block without a home (count: none)
+        except ValueError:
+            self.unknown = unknown = count
+        first = homes[0] if count else None
+        if homes[:unknown].count(first) == unknown and homes[unknown:].count(None) == count - unknown:
+            deepest = {first: unknown - 1} if unknown else {}
+            if unknown < count:
+                deepest[None] = count - 1
         else:
             deepest = dict(zip(homes, range(count), strict=True))
         self.complete = deepest.pop(None, None) is None  # every block has a home
@@ -85,6 +93,16 @@ def _confirmed_depths(homes: Sequence[tuple[str, ...] | None], share_every: int)
             if address not in depths and (confirm is None or address in confirm):
                 depths[address] = position + 1
     return depths
+
+
+def _leading_run(homes: list[tuple[str, ...] | None], unknown: int, address: str) -> int:
+    """How many leading blocks share the first block's homes tuple, `address` its most recent home, up to the
+    first unknown block (at `unknown`; 0 when another tuple comes before it: the caller then reads block by
+    block)."""
+    first = homes[0] if homes else None
+    if first is None or first[-1] != address:
+        return 0
+    return unknown if homes[:unknown].count(first) == unknown else 0
 
 
 class PrefixDirectory:
@@ -155,11 +173,16 @@ class PrefixDirectory:
             return len(blocks), []
         self._version += 1
         fresh: list[int] = []
-        held = 0
-        had: list[bool] = []  # whether `address` held each block before this call, as `match` would have seen it
+        # A leading run already sent to `address` last (a known prefix followed by new blocks, the usual case):
+        # held, nothing to write or share, only its recency refreshed, in C. The loop reads on from its end.
+        start = _leading_run(walked.homes, walked.unknown, address)
+        deque(map(index.move_to_end, islice(blocks, start)), 0)
+        held = start
+        had = [True] * start  # whether `address` held each block before this call, as `match` would have seen it
         added: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # id(homes) -> (homes, with `address`)
         alone = (address,)
-        for position, block in enumerate(blocks):
+        for position in range(start, len(blocks)):
+            block = blocks[position]
             homes = index.get(block)
             if homes is None:
                 index[block] = alone
