@@ -1,11 +1,11 @@
 #!/bin/bash
-# The issue-15 suite on one commit, case by case, each case one hold of the machine-wide lock, run from an archived
+# (OUT=DIR: write there instead of reports/i15-s16/suite.) The issue-15 suite on one commit, case by case, each case one hold of the machine-wide lock, run from an archived
 # copy of the commit (so the checkout may change meanwhile). A strategy `unpaired` is the default profile without second homes
 # reports/i15-s15/unpaired.yaml (pair_requests 0, the default before session 15). Usage: reports/i15-s15/suite.sh COMMIT [CASE:STRATEGIES ...] (default: all five cases)
 # Strategies per case: ours + the peers that were ever the best peer there (reports/i15-s11/suite: sglang-router
 # on uniform, zipf, drift; vllm-router cache_aware also on multi-turn and mixed). default@3 is added by the suite.
 set -e
-commit=$1; shift; repo=$(pwd); out=$repo/reports/i15-s16/suite
+commit=$1; shift; repo=$(pwd); out=${OUT:-$repo/reports/i15-s16/suite}
 T=$(mktemp -d /tmp/s16-suite.XXXX); git archive "$commit" | tar -x -C "$T"
 specs=("$@")
 [ ${#specs[@]} -gt 0 ] || specs=(uniform:default,sglang-cache-aware zipf:default,sglang-cache-aware
