@@ -218,7 +218,9 @@ async def _start(group: ProcessGroup, workdir: Path, args: argparse.Namespace, v
     if store == "trivial":
         service = await group.start(label, [PYTHON, "-m", "extproc.bench.trivial", "--port",
                                             str(policy.service.grpc_port), "--set", "x-gateway-pool=bench", "--set",
-                                            f"x-gateway-destination-endpoint=127.0.0.1:{direct_port}"],
+                                            f"x-gateway-destination-endpoint=127.0.0.1:{direct_port}",
+                                            *(["--hold-headers"] if policy.envoy.request_body_mode == "prebuffered"
+                                              else [])],
                                     env=dict(env))
         await wait_port("127.0.0.1", policy.service.grpc_port, 30, child=service)
     else:

@@ -2,7 +2,10 @@
 
 It answers each message Envoy sends with CONTINUE (the request body's answer sets fixed routing headers and
 clears the route cache, as our routing answer does) and drains the access-log stream, so the rendered Envoy
-configuration runs unchanged against it.
+configuration runs unchanged against it. With `--hold-headers` (Envoy's `request_body_mode: prebuffered`, which
+sends the body without waiting for the headers' answer) it answers the headers only once the body is in, with the
+routing headers, as ours does: the router picks the route at the headers, so a route cache cleared at the body
+is refused there (Envoy: "envoy bug failure: !route_cache_blocked_", every request failing).
 What it costs per request is what grpc.aio and the event loop cost; what ours costs above it is our own work.
 
     python -m extproc.bench.trivial --port 9001 --set x-gateway-pool=bench \
@@ -33,16 +36,24 @@ _OTHER = {
 }
 
 
-def body_answer(headers: list[tuple[str, str]]) -> ext_pb.ProcessingResponse:
-    return ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=ext_pb.CommonResponse(
-        header_mutation=ext_pb.HeaderMutation(set_headers=[
-            base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()))
-            for key, value in headers]),
-        clear_route_cache=True)))
+def routing(headers: list[tuple[str, str]]) -> ext_pb.CommonResponse:
+    return ext_pb.CommonResponse(header_mutation=ext_pb.HeaderMutation(set_headers=[
+        base_pb2.HeaderValueOption(header=base_pb2.HeaderValue(key=key, raw_value=value.encode()))
+        for key, value in headers]), clear_route_cache=True)
+
+
+def answers(headers: list[tuple[str, str]], hold: bool) -> tuple[ext_pb.ProcessingResponse | None,
+                                                                   list[ext_pb.ProcessingResponse]]:
+    """The answer to the request headers (None: held until the body is in) and the answers to the body."""
+    if hold:
+        return None, [ext_pb.ProcessingResponse(request_headers=ext_pb.HeadersResponse(response=routing(headers))),
+                      ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse())]
+    return _HEADERS, [ext_pb.ProcessingResponse(request_body=ext_pb.BodyResponse(response=routing(headers)))]
 
 
 class Continue(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
-    def __init__(self, body: ext_pb.ProcessingResponse) -> None:
+    def __init__(self, headers: ext_pb.ProcessingResponse | None, body: list[ext_pb.ProcessingResponse]) -> None:
+        self._headers = headers
         self._body = body
 
     async def Process(self, request_iterator: AsyncIterator[ext_pb.ProcessingRequest],
@@ -53,9 +64,11 @@ class Continue(ext_grpc.ExternalProcessorServicer):  # type: ignore[misc]
                 return
             phase = message.WhichOneof("request")
             if phase == "request_headers":
-                await context.write(_HEADERS)
+                if self._headers is not None:
+                    await context.write(self._headers)
             elif phase == "request_body":
-                await context.write(self._body)
+                for answer in self._body:
+                    await context.write(answer)
             elif phase in _OTHER:
                 await context.write(_OTHER[phase])
 
@@ -68,9 +81,9 @@ class Drain(als_pb2_grpc.AccessLogServiceServicer):  # type: ignore[misc]
         return als_pb2.StreamAccessLogsResponse()
 
 
-async def serve(port: int, headers: list[tuple[str, str]]) -> None:
+async def serve(port: int, headers: list[tuple[str, str]], hold: bool = False) -> None:
     server = grpc.aio.server()
-    ext_grpc.add_ExternalProcessorServicer_to_server(Continue(body_answer(headers)), server)
+    ext_grpc.add_ExternalProcessorServicer_to_server(Continue(*answers(headers, hold)), server)
     als_pb2_grpc.add_AccessLogServiceServicer_to_server(Drain(), server)
     server.add_insecure_port(f"127.0.0.1:{port}")
     await server.start()
@@ -87,13 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True, help="gRPC port on 127.0.0.1")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                         help="a request header the body's answer sets (repeat)")
+    parser.add_argument("--hold-headers", action="store_true",
+                        help="answer the request headers only with the body (Envoy's prebuffered request body mode)")
     args = parser.parse_args(argv)
     if any("=" not in item for item in args.set):
         parser.error("--set takes NAME=VALUE")
     headers = [(name, value) for name, _, value in (item.partition("=") for item in args.set)]
     import uvloop
 
-    uvloop.run(serve(args.port, headers))
+    uvloop.run(serve(args.port, headers, args.hold_headers))
     return 0
 
 

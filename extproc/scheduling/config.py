@@ -42,9 +42,10 @@ class SchedulingConfig(Strict):
     plugins: tuple[PluginConfig, ...] = ()
     profiles: tuple[ProfileConfig, ...] = ()
     scrape: ScrapeConfig = ScrapeConfig()
-    placement_sync_ms: int = Field(default=50, ge=0, le=10_000,
+    placement_sync_ms: int = Field(default=10, ge=0, le=10_000,
                                    description="with limits.store redis: how often service replicas exchange where "
-                                               "they placed prompt prefixes (extproc/server/placements.py); 0 = never")
+                                               "they placed prompt prefixes and the requests they routed "
+                                               "(extproc/server/placements.py); 0 = never")
     # A pool larger than this is scheduled over its nominated endpoints plus a random sample (0: never).
     max_candidates: int = Field(default=16, ge=0)
 

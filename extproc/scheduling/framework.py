@@ -80,9 +80,11 @@ class SharedState(Protocol):
 
     name: str
 
-    def export_shared(self) -> list[str]: ...
+    def export_shared(self, now: float) -> list[str]: ...
 
-    def import_shared(self, lines: Sequence[str]) -> int: ...
+    def import_shared(self, lines: Sequence[str], now: float, age_s: float = 0.0) -> int:
+        """Learn lines another replica exported `age_s` ago (`now`, `age_s`: on the scheduling clock)."""
+        ...
 
     def unshared_replicas(self, count: int) -> None:
         """`count` service replicas (this one included) decide alongside each other without sharing this state

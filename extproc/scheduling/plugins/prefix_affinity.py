@@ -10,14 +10,11 @@ Placement, in order:
    has its system prompt), then the one with the least prefill backlog (uncached prompt tokens recently sent
    there, decaying), then the least loaded, then by rendezvous rank of the prompt's anchor (its first
    `anchor_blocks` blocks). The next endpoint in the same order is the spill (score `spill_score`).
-   Service replicas that do not share their directories (no Redis) must place a prefix alike without talking:
-   they skip backlog and load and take the best rendezvous rank among the endpoints that are not hot (virtual
-   time, 3 replicas, 48 x 3,000-token prefixes at 80%: hit 0.75 and p99 723 ms by load, 0.90 and 115 ms by rank).
-   Replicas that share their directories still miss the others' last sends for tens of milliseconds, so two
-   placing new prefixes at once picked the same idle-looking endpoint (issue 15, multi-turn, 3 replicas). With
-   `owned_first` each replica is dealt an even share of the pool's endpoints (`replica_slot`; the pool's whole
-   set, `SchedulingRequest.pool`, not the request's candidates) and places a new prefix on one of its own when
-   that one is within one request of the least load and one full prefill of this prompt of the least backlog.
+   Service replicas that do not share their directories (no Redis) place a prefix alike without talking: by
+   rendezvous rank among the endpoints that are not hot. Replicas that share them miss the others' last sends
+   for a few milliseconds; with `owned_first` each is dealt an even share of the pool's endpoints (`replica_slot`,
+   over `SchedulingRequest.pool`) and places a new prefix on one of its own when that one is within one request
+   of the least load and one full prefill of this prompt of the least backlog (multi-turn, 3 replicas).
 An endpoint is hot when its load (the pool's load model: scraped running + waiting plus what was sent since)
 exceeds `load_bound` x the pool's average + `load_slack`. A hot prefix thus gains homes as its traffic needs
 them and spreads over them; a cold one keeps one and is never moved by the small load differences a fixed
@@ -26,24 +23,20 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    (requests counted per deepest known prefix, decaying with `split_decay_ms`, once `split_min_requests` of
    them were counted) gets one home per `split_share` of it, placed as in 2 among the endpoints that are not its
    homes yet, before any home is hot: the full prefill a second home costs is paid once, not under the load that
-   makes the home hot (issue 15, drift and Zipf 1.1 at 40%, real runs: TTFT p90 54.1 vs 59.1 and 51.4 vs 53.5 ms;
-   reports/routing-s9/drift). Uniform popularity, multi-turn and mixed workloads never have such a prefix.
+   makes the home hot (Zipf and drift; reports/routing-s9/drift).
 4. Second homes (`pair_requests`; state in `extproc.scheduling.prefix_pairs`): while
    the pool's average load is at least `pair_load`, a prefix that a second request branches off (not a
    conversation's next turn, which replays an earlier prompt whole) gets a second home, placed as in 2 on the
    endpoint holding the fewest prompt tokens of prefixes placed there; its requests then go to the home with the
    least prefill backlog (power of two choices), and a home not sent its prompt family for `pair_refresh_ms`
-   gets the next one, so that its engine keeps it cached. It takes the Poisson bunching of new prompts on one
-   engine out of the tail where every prefix is evenly asked (issue 15, uniform 80%, real runs: TTFT p90 43.5 vs
-   55.1 ms, p99 66.95 vs 77.75; reports/i15-s12/u80b). A second copy of every busy prefix costs KV that
-   workloads with cache pressure lack (mixed 80% p90 257 vs 147 ms; reports/i15-s12): on by default only with
-   the cache-lifetime rule below.
-   The KV-room gate (`pair_shortfall`, `extproc.scheduling.kv_room`) stops pairing while an engine's scraped
-   prefix-cache hits fall short of what the directory promised; it reacts too late for Zipf and drift at 80%
-   (i15-s13). The cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`) places one only where
-   both copies stay cached, while the family is young (i15-s14/pairs). Only a service replica deciding alone
-   places them: a replica that sees a third of the traffic pairs too late or too few (virtual time, 3 replicas
-   sharing placements, slot 0 pairing: uniform 80% p99 157 vs 84 ms without pairs; i15-s15).
+   gets the next one, so that its engine keeps it cached: the Poisson bunching of new prompts on one engine
+   leaves the tail where every prefix is evenly asked (reports/i15-s12/u80b). The copies' KV is what workloads
+   with cache pressure lack (mixed 80%): the cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`)
+   places one only where both copies stay cached, while the family is young (i15-s14/pairs); the KV-room gate
+   (`pair_shortfall`, `extproc.scheduling.kv_room`, off) stops pairing while engines evict. Replicas sharing
+   placements also replay each other's requests (`extproc.scheduling.prefix_sent`), so each decides as one replica
+   routing everything would, a few milliseconds late (virtual time, 3 replicas, uniform 80%: p90 48.8 ms, one
+   replica 46.1, none paired 51.8; i15-s16/mirror). Replicas sharing nothing place none.
 
 A pool larger than `scheduling.max_candidates` is scheduled over a sample that `nominate` makes hold the homes
 of the request's known prefixes and the anchor's best-ranked endpoints of the whole pool. The directory is
@@ -53,8 +46,7 @@ learned from where requests were sent (`observe`); replicas share it through Red
 
 from __future__ import annotations
 
-import heapq
-from collections import OrderedDict
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,33 +55,25 @@ from extproc.endpoints import Endpoint
 from extproc.scheduling.cache_life import CacheLife
 from extproc.scheduling.framework import SchedulingRequest
 from extproc.scheduling.kv_room import KvRoom
+from extproc.scheduling.pool_views import PoolViews
 from extproc.scheduling.prefix import DEFAULT_BLOCK_CHARS, rendezvous
 from extproc.scheduling.prefix_demand import PrefixDemand
 from extproc.scheduling.prefix_directory import PrefillBacklog, PrefixDirectory
 from extproc.scheduling.prefix_pairs import PrefixPairs
+from extproc.scheduling.prefix_sent import SENT_MARK, Sent
 from extproc.scheduling.registry import PluginRegistry, build_params
 
 TYPE = "prefix-affinity-scorer"
 # Prefill backlogs within this many tokens of each other count as equal (then load decides): about a quarter
 # of an engine step's token budget.
 _BACKLOG_BUCKET = 512.0
-# Placements kept for other replicas between two exchanges (oldest dropped first).
+# Placements and requests kept for other replicas between two exchanges (oldest dropped first).
 _OUTBOX_LIMIT = 10_000
-NOMINEES = 4  # ranked endpoints a request's anchor nominates when a large pool is scheduled over a sample
-RANKS_KEPT = 4096  # anchors whose ranking is remembered per endpoint set (LRU)
-POOLS_KEPT = 16  # endpoint sets (pools, versions) with remembered rankings and deals
+# Another replica's request older than this when it arrives (a starting replica reading the retained exchange) is
+# not replayed: only its placement is learned.
+REPLAY_WITHIN_S = 1.0
 DEMAND_KEPT = 4096  # prefixes whose recent requests are counted for the split (LRU)
 BLOCK_TOKENS = DEFAULT_BLOCK_CHARS / 4  # prompt tokens a prefix block covers (~4 characters a token)
-
-
-@dataclass(frozen=True, slots=True)
-class _PoolView:
-    """What the scorer remembers of one endpoint set (a pool's, or a gateway's subset of it) while it lasts."""
-
-    endpoints: Sequence[Endpoint]  # held, so that its id is not reused while remembered
-    by_address: dict[str, Endpoint]
-    position: dict[str, int]  # address -> place in address order: the deal between replicas
-    ranked: OrderedDict[int, list[Endpoint]]  # anchor -> its top NOMINEES of the set (LRU)
 
 
 @dataclass(frozen=True)
@@ -163,10 +147,13 @@ class PrefixAffinityScorer:
         self.life = CacheLife(params.pair_lifetime, params.pair_refresh_ms / 1000.0) if (
             self.pairs is not None and params.pair_lifetime > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
+        self._sent_box: list[tuple[float, Sent]] = []  # (when, request) routed here, for the other replicas
+        # What the last decision counted, for its `Sent`: (sequence, second-home keys, split key, paired).
+        self._counted: tuple[int, tuple[int, ...], int | None, bool] = (-1, (), None, False)
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
         self._hot_since: dict[str, tuple[float, float]] = {}  # address -> (hot since, last seen hot)
-        self._views: OrderedDict[int, _PoolView] = OrderedDict()  # id(endpoint set) -> its view (LRU)
+        self._views = PoolViews()
 
     def choices(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
         """Endpoint indexes, best first: the home, then the spill, then the rest."""
@@ -194,11 +181,16 @@ class PrefixAffinityScorer:
         pairs, room = self.pairs, self.room
         if room is not None:
             room.check(endpoints, request.now)
-        if self._split(blocks[deepest - 1] if deepest else None, request.now, depth, near):
+        counted = blocks[deepest - 1] if deepest else None
+        self._counted = (request.sequence, (), counted, False)
+        if self._split(counted, request.now, depth, near):
             return [i for i in order if depth[i] < near] + [i for i in order if depth[i] >= near]
         keys = blocks[max(1, near) - 1:deepest]
-        deciding = self._unshared == 1 and self._slot[1] == 1  # second homes: a replica deciding alone only
-        if pairs is not None and deepest and deciding and self._pair(pairs, keys, blocks, near, request.now, sum(
+        # Second homes: replicas sharing nothing place none (each would give a prefix a copy of its own).
+        deciding = pairs is not None and deepest > 0 and self._unshared == 1
+        if deciding:
+            self._counted = (request.sequence, tuple(keys), counted, False)
+        if pairs is not None and deciding and self._pair(pairs, keys, blocks, near, request.now, sum(
                 loads) / count >= self.params.pair_load and not (room is not None and room.pool_evicting)):
             homed = [pairs.homed(a, request.now) for a in addresses]
             paired = sorted(range(count), key=lambda i: (loads[i] > hot, homed[i], backlog[i], loads[i], -rank[i]))
@@ -207,6 +199,7 @@ class PrefixAffinityScorer:
                     anchor, deepest * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS), endpoints[paired[0]],
                     [a for a, d in zip(addresses, depth, strict=True) if d >= near], request.now)):
                 pairs.paired(keys, request.now)
+                self._counted = (request.sequence, tuple(keys), counted, True)
                 return paired
         follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
             addresses[i], loads[i] > hot, request.now)]
@@ -232,25 +225,12 @@ class PrefixAffinityScorer:
         least_load = min(loads) + 1.0
         least_backlog = min(tokens) + request.prompt_tokens
         if request.pool:
-            position = self._view(request.pool).position
+            position = self._views(request.pool).position
         else:
             position = {a: n for n, a in enumerate(sorted(addresses))}
         dealt = [(n := position.get(a)) is not None and n % replicas == index for a in addresses]
         return [not (own and load <= least_load and backlog <= least_backlog)
                 for own, load, backlog in zip(dealt, loads, tokens, strict=True)]
-
-    def _view(self, endpoints: Sequence[Endpoint]) -> _PoolView:
-        """The remembered view of this endpoint set (built on its first use: once per pool version)."""
-        view = self._views.get(id(endpoints))
-        if view is None or view.endpoints is not endpoints:
-            ordered = sorted({e.address for e in endpoints})
-            view = _PoolView(endpoints, {e.address: e for e in endpoints}, {a: n for n, a in enumerate(ordered)},
-                             OrderedDict())
-            self._views[id(endpoints)] = view
-            while len(self._views) > POOLS_KEPT:
-                self._views.popitem(last=False)
-        self._views.move_to_end(id(endpoints))
-        return view
 
     def _split(self, prefix: int | None, now: float, depth: list[int], near: int) -> bool:
         """Count the request (of its deepest known `prefix`); whether that prefix wants more than its homes (the
@@ -329,40 +309,61 @@ class PrefixAffinityScorer:
         blocks = request.prefix_blocks
         if not blocks or len(blocks) < self.params.min_blocks:
             return []
-        view = self._view(endpoints)
-        by_address, ranked = view.by_address, view.ranked
-        anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-        top = ranked.get(anchor)
-        if top is None:
-            top = ranked[anchor] = heapq.nlargest(NOMINEES, endpoints, key=lambda e: rendezvous(anchor, e.address))
-            if len(ranked) > RANKS_KEPT:
-                ranked.popitem(last=False)
-        else:
-            ranked.move_to_end(anchor)
+        view = self._views(endpoints)
+        top = view.nominees(blocks[min(len(blocks), self.params.anchor_blocks) - 1])
         homes = self.directory.holders(blocks, self.params.homes)
-        return [*top, *(by_address[a] for a in homes if a in by_address)]
+        return [*top, *(view.by_address[a] for a in homes if a in view.by_address)]
 
     def observe(self, request: SchedulingRequest, endpoint: Endpoint) -> None:
         blocks = request.prefix_blocks
         if not blocks or len(blocks) < self.params.min_blocks:
             return
         held, fresh = self.directory.record(blocks, endpoint.address)
-        uncached = request.prompt_tokens * (1.0 - held / len(blocks))
-        if self.pairs is not None:
-            anchor = blocks[min(len(blocks), self.params.anchor_blocks) - 1]
-            self.pairs.sent(anchor, endpoint.address, request.now, 0.0 if held else request.prompt_tokens)
-            cached = held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS)
-            if self.room is not None:
-                self.room.sent(anchor, endpoint.address, request.prompt_tokens, cached, request.now)
-            if self.life is not None:  # (`replays` before this prompt's end is recorded: a conversation's next turn)
-                self.life.sent(anchor, endpoint.address, cached or request.prompt_tokens, uncached + (
-                    request.max_output_tokens or 0), request.now, self.pairs.replays(blocks, held))
-            self.pairs.ends(blocks[-1])
-        self.backlog.add(endpoint.address, uncached, request.now)
-        if self._outbox is not None and fresh:
-            self._outbox.append((endpoint.address, fresh))
-            if len(self._outbox) > _OUTBOX_LIMIT:
+        sequence, keys, counted, paired = self._counted
+        if sequence != request.sequence:  # (not decided by this plugin's `choices`: nothing counted)
+            keys, counted, paired = (), None, False
+        sent = Sent(endpoint.address, blocks[min(len(blocks), self.params.anchor_blocks) - 1], request.prompt_tokens,
+                    request.prompt_tokens * (1.0 - held / len(blocks)),
+                    held * min(request.prompt_tokens / len(blocks), BLOCK_TOKENS), request.max_output_tokens or 0,
+                    held > 0, self.pairs is not None and self.pairs.replays(blocks, held), paired, counted, blocks[-1],
+                    keys)  # (`replays` before this prompt's end is recorded: a conversation's next turn)
+        self._apply(sent, request.now, 1.0)
+        if self._outbox is not None:
+            if fresh:
+                self._outbox.append((endpoint.address, fresh))
+            self._sent_box.append((request.now, sent))
+            if len(self._outbox) > _OUTBOX_LIMIT or len(self._sent_box) > _OUTBOX_LIMIT:
                 del self._outbox[: len(self._outbox) - _OUTBOX_LIMIT]
+                del self._sent_box[: len(self._sent_box) - _OUTBOX_LIMIT]
+
+    def _apply(self, sent: Sent, now: float, backlog_share: float) -> None:
+        """What a request sent does to the state (its counts for the split and second homes aside: `choices` counts
+        this replica's, `replay` the others'); `backlog_share`: the part of its uncached tokens still ahead."""
+        pairs = self.pairs
+        if pairs is not None:
+            pairs.sent(sent.anchor, sent.address, now, 0.0 if sent.held else sent.prompt_tokens)
+            if self.room is not None:
+                self.room.sent(sent.anchor, sent.address, sent.prompt_tokens, sent.cached, now)
+            if self.life is not None:
+                self.life.sent(sent.anchor, sent.address, sent.cached or sent.prompt_tokens,
+                               sent.uncached + sent.output_tokens, now, sent.replays)
+            pairs.ends(sent.ends)
+        self.backlog.add(sent.address, sent.uncached * backlog_share, now)
+
+    def replay(self, sent: Sent, age_s: float, now: float) -> bool:
+        """Another replica's request, routed `age_s` ago: counted and applied as if this replica had routed it (its
+        backlog discounted by the decay since); one older than `REPLAY_WITHIN_S` is ignored (False)."""
+        if age_s > REPLAY_WITHIN_S:
+            return False
+        if self.params.split_share > 0:
+            self.demand.count(sent.counted, now)
+        if self.pairs is not None and sent.keys:
+            self.pairs.count(sent.keys, now)
+            if sent.paired:
+                self.pairs.paired(sent.keys, now)
+        decay = self.backlog.decay_s
+        self._apply(sent, now, math.exp(-age_s / decay) if decay > 0 else 0.0)
+        return True
 
     # -- shared with the other service replicas ---------------------------------------------------------
     def unshared_replicas(self, count: int) -> None:
@@ -372,15 +373,23 @@ class PrefixAffinityScorer:
         """This replica is `index` (0-based) of `count` live replicas sharing placements (0 of 1: alone)."""
         self._slot = (index, count) if 0 <= index < count else (0, 1)
 
-    def export_shared(self) -> list[str]:
-        """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""
+    def export_shared(self, now: float) -> list[str]:
+        """Placements since the last call, as "address hash hash ..." lines, and the requests routed, as `Sent`
+        lines (starts recording on first call)."""
         outbox, self._outbox = self._outbox or [], []
-        return [" ".join((address, *map(str, hashes))) for address, hashes in outbox]
+        sent, self._sent_box = self._sent_box, []
+        return [*(" ".join((address, *map(str, hashes))) for address, hashes in outbox),
+                *(request.line(now - at) for at, request in sent)]
 
-    def import_shared(self, lines: Sequence[str]) -> int:
-        """Learn other replicas' placements; malformed lines are skipped. Returns the lines learned."""
+    def import_shared(self, lines: Sequence[str], now: float, age_s: float = 0.0) -> int:
+        """Learn other replicas' placements and replay their requests (exported `age_s` ago); malformed lines are
+        skipped. Returns the lines learned (requests too old to replay are not)."""
         learned = 0
         for line in lines:
+            if line.startswith(SENT_MARK):
+                parsed = Sent.parse(line)
+                learned += parsed is not None and self.replay(parsed[0], parsed[1] + max(0.0, age_s), now)
+                continue
             address, *rest = line.split() or ("",)
             try:
                 hashes = [int(h) for h in rest]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from redis.asyncio import Redis
 
@@ -13,7 +15,7 @@ from extproc.scheduling import Scheduler
 from extproc.scheduling.plugins.prefix_affinity import PrefixAffinityScorer
 from extproc.server.placements import PLACEMENTS_KEY, PlacementSync
 from tests.integration.limits.redis_server import RedisServer
-from tests.unit.scheduling.helpers import fleet, request
+from tests.unit.scheduling.helpers import NOW, fleet, request
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +26,7 @@ def replica(server: RedisServer, name: str, slot: tuple[int, int] | None = None)
     scheduler = Scheduler(SchedulingConfig())
     client = RespClient(Address.from_url(server.url), timeout_s=1.0, scripts=PlacementSync.SCRIPTS)
     return PlacementSync(client, lambda: scheduler, 0.02, replica_id=name,
-                         slot=(lambda: slot) if slot is not None else None), scheduler
+                         slot=(lambda: slot) if slot is not None else None, clock=lambda: NOW), scheduler
 
 
 def prefix_plugin(scheduler: Scheduler) -> PrefixAffinityScorer:
@@ -55,14 +57,14 @@ async def test_a_replica_follows_what_another_placed_and_a_late_starter_catches_
         assert placed is not alone
         await a.sync_once()
         await b.sync_once()
-        assert a.sent_lines == 1 and b.learned_lines == 1
+        assert a.sent_lines == 2 and b.learned_lines == 2  # the placement, and the request b replays
         assert route(sched_b, follow_up, endpoints) is placed
         await b.sync_once()
         await a.sync_once()  # a reads b's placement, never its own
-        assert a.learned_lines == 1
+        assert a.learned_lines == 2
         late, sched_late = replica(server, "late")
         await late.sync_once()
-        assert late.learned_lines == 2 and route(sched_late, follow_up + " more", endpoints) is placed
+        assert late.learned_lines == 4 and route(sched_late, follow_up + " more", endpoints) is placed
         raw = Redis.from_url(server.url)
         try:
             assert await raw.xlen(PLACEMENTS_KEY) == 2 and await raw.pttl(PLACEMENTS_KEY) > 0
@@ -70,7 +72,7 @@ async def test_a_replica_follows_what_another_placed_and_a_late_starter_catches_
             await raw.xadd(PLACEMENTS_KEY, {"r": "x", "p": "not json"})
             await raw.xadd(PLACEMENTS_KEY, {"r": "x", "p": '{"prefix": ["10.0.0.9:8000 abc", 7]}'})
             await late.sync_once()
-            assert late.learned_lines == 2
+            assert late.learned_lines == 4
         finally:
             await raw.aclose()
     finally:
@@ -92,7 +94,7 @@ async def test_placements_wait_for_redis_when_it_is_down(server: RedisServer) ->
         server.start()
         await a.sync_once()
         await b.sync_once()
-        assert a.sent_lines == 1 and b.learned_lines == 1
+        assert a.sent_lines == 2 and b.learned_lines == 2
         endpoints[endpoints.index(placed)].in_flight = 2  # b alone would now place it elsewhere
         assert route(sched_b, SYSTEM + " second", endpoints) is placed
     finally:
@@ -117,4 +119,32 @@ async def test_each_exchange_tells_the_plugins_their_replicas_share_of_endpoints
         assert by_rank == {0, 1}
     finally:
         for sync in (first, second, alone):
+            await sync.stop()
+
+
+async def test_a_request_is_replayed_only_while_young_on_the_redis_servers_clock(server: RedisServer) -> None:
+    """An entry's age is the server's time since it was added (its id), whatever the replicas' clocks say: a
+    replica reading an old entry learns its placement but does not replay its request (its backlog is long gone)."""
+    endpoints = fleet(2)
+    (a, sched_a), (b, sched_b) = replica(server, "a"), replica(server, "b")
+    try:
+        await a.sync_once()
+        route(sched_a, SYSTEM + " first", endpoints)
+        lines = prefix_plugin(sched_a).export_shared(NOW)
+        assert [line[0] for line in lines] == ["1", "~"]  # a placement, a request
+        raw = Redis.from_url(server.url)
+        try:
+            await raw.xadd(PLACEMENTS_KEY, {"r": "old", "p": json.dumps({"prefix": lines})}, id="1000-0")
+            await b.sync_once()
+            assert b.learned_lines == 1  # the placement
+            scorer = prefix_plugin(sched_b)
+            assert all(scorer.backlog.tokens(e.address, NOW) == 0 for e in endpoints)
+            await raw.xadd(PLACEMENTS_KEY, {"r": "new", "p": json.dumps({"prefix": lines})})
+            await b.sync_once()
+            assert b.learned_lines == 3  # now both
+            assert max(scorer.backlog.tokens(e.address, NOW) for e in endpoints) > 0
+        finally:
+            await raw.aclose()
+    finally:
+        for sync in (a, b):
             await sync.stop()

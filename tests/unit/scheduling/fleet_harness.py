@@ -77,17 +77,17 @@ class RoutedFleet:
         if share_s is not None:
             for index, scheduler in enumerate(self.schedulers):
                 for plugin in scheduler.shared().values():
-                    plugin.export_shared()  # start recording
+                    plugin.export_shared(0.0)  # start recording
                     plugin.replica_slot(index, replicas)  # as `extproc.server.placements` tells them
             self.time.call_later(share_s, lambda: self._share(share_s))
 
     def _share(self, every_s: float) -> None:
-        exported = [{name: p.export_shared() for name, p in s.shared().items()} for s in self.schedulers]
+        exported = [{name: p.export_shared(self.time.now) for name, p in s.shared().items()} for s in self.schedulers]
         for i, scheduler in enumerate(self.schedulers):
             for j, lines in enumerate(exported):
                 if i != j:
                     for name, plugin in scheduler.shared().items():
-                        plugin.import_shared(lines.get(name, []))
+                        plugin.import_shared(lines.get(name, []), self.time.now)
         self.time.call_later(every_s, lambda: self._share(every_s))
 
     def _scrape(self, node: Node) -> None:

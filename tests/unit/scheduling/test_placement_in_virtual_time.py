@@ -88,11 +88,13 @@ def test_second_homes_take_the_bunching_out_of_the_tail(uniform: Result, unpaire
     assert uniform.hit_rate > unpaired.hit_rate - 0.005
 
 
-def test_replicas_sharing_placements_route_as_one(unpaired: Result) -> None:
-    # (Compared with one replica routing the same way: several replicas place no second homes.)
-    shared = traffic("uniform", replicas=3, share_s=0.05)
-    assert shared.hit_rate > unpaired.hit_rate - 0.005
-    assert shared.ttft_percentile(90) < 1.1 * unpaired.ttft_percentile(90)
+def test_replicas_sharing_placements_route_as_one(uniform: Result, unpaired: Result) -> None:
+    # Each replays the requests the others routed (exchanged every 10 ms, the default), so all of them place and
+    # choose second homes as one replica would: within 10% of its p90, and keeping most of the homes' gain.
+    shared = traffic("uniform", replicas=3, share_s=0.01)
+    assert shared.hit_rate > uniform.hit_rate - 0.005
+    assert shared.ttft_percentile(90) < 1.1 * uniform.ttft_percentile(90)
+    assert shared.ttft_percentile(90) < 0.97 * unpaired.ttft_percentile(90)
 
 
 def test_replicas_sharing_nothing_still_agree_on_most_placements(unpaired: Result) -> None:

@@ -51,12 +51,11 @@ def test_without_pairs_or_on_an_idle_pool_a_prefix_keeps_one_home() -> None:
         assert len(homes) == 1
 
 
-@pytest.mark.parametrize(("slot", "unshared", "pairs"), [((0, 1), 1, True), ((0, 3), 1, False), ((1, 3), 1, False),
+@pytest.mark.parametrize(("slot", "unshared", "pairs"), [((0, 1), 1, True), ((0, 3), 1, True), ((1, 3), 1, True),
                                                       ((0, 1), 3, False)])
-def test_only_a_replica_deciding_alone_places_second_homes(slot: tuple[int, int], unshared: int, pairs: bool) -> None:
-    """Each of several replicas sees part of the traffic: if every one placed second homes, a prefix would get one
-    copy per replica, and one deciding for all sees too little of each family while it is young. Replicas sharing
-    placements or sharing nothing place none."""
+def test_replicas_sharing_nothing_place_no_second_homes(slot: tuple[int, int], unshared: int, pairs: bool) -> None:
+    """Replicas sharing nothing would each give a prefix a copy of its own: they place none. One alone or sharing
+    placements (replaying the others' requests) places them."""
     endpoints = fleet(running=8)
     scorer = PrefixAffinityScorer("p", Params(pair_requests=1.0, pair_lifetime=0.0))
     scorer.replica_slot(*slot)

@@ -146,15 +146,15 @@ def test_scoring_changes_nothing_short_prompts_get_no_affinity_and_memory_is_bou
 def test_placements_carry_to_another_replica() -> None:
     endpoints = fleet(8)
     replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
-    assert replica_a.export_shared() == []  # starts recording
+    assert replica_a.export_shared(0.0) == []  # starts recording
     loaded(endpoints, home(replica_a, SYSTEMS[3], endpoints), 3)  # A's first choice is busy now
     placed = send(replica_a, SYSTEMS[3] + " chat " * 40, endpoints)
-    lines = replica_a.export_shared()
-    assert replica_a.export_shared() == []  # sent once
+    lines = replica_a.export_shared(0.0)
+    assert replica_a.export_shared(0.0) == []  # sent once
     loaded(endpoints, placed, 6)  # B alone would place this prefix elsewhere now
     follow_up = SYSTEMS[3] + " chat " * 40 + " more " * 20
     assert home(replica_b, follow_up, endpoints) != placed
-    assert replica_b.import_shared([*lines, "", "10.0.0.9:8000 not-a-hash", "10.0.0.9:8000 -5"]) == len(lines)
+    assert replica_b.import_shared([*lines, "", "10.0.0.9:8000 not-a-hash", "10.0.0.9:8000 -5"], 0.0) == len(lines)
     assert home(replica_b, follow_up, endpoints) == placed
 
 
@@ -179,10 +179,10 @@ def test_replicas_that_share_nothing_place_by_rank_whatever_their_load_views() -
 def test_a_home_learned_from_another_replica_counts_as_deep_as_one_placed_here() -> None:
     endpoints = fleet(8)
     replica_a, replica_b = PrefixAffinityScorer("a", Params()), PrefixAffinityScorer("b", Params())
-    replica_a.export_shared()
+    replica_a.export_shared(0.0)
     # 22 blocks of system prompt (1,424 characters), then a question of many blocks.
     placed_by_a = send(replica_a, SYSTEMS[5] + " a long question" * 30, endpoints)
-    replica_b.import_shared(replica_a.export_shared())  # every fourth block and the last: b knows 20 deep
+    replica_b.import_shared(replica_a.export_shared(0.0), 0.0)  # every fourth block and the last: b knows 20 deep
     others = [i for i in range(8) if i != placed_by_a]
     replica_b.observe(request(SYSTEMS[5] + " another one" * 30), endpoints[others[0]])  # b placed it too: 22
     loaded(endpoints, others[0], 3)
