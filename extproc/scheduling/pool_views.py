@@ -58,3 +58,9 @@ class PoolViews:
                 self._views.popitem(last=False)
         self._views.move_to_end(id(endpoints))
         return view
+
+    def dealt(self, pool: Sequence[Endpoint], addresses: Sequence[str], index: int, replicas: int) -> list[bool]:
+        """Per address, whether it is dealt to replica `index` of `replicas`: the pool's endpoints in address order,
+        one each to the replicas in turn (the addresses themselves when no pool is named)."""
+        position = self(pool).position if pool else {a: n for n, a in enumerate(sorted(addresses))}
+        return [(n := position.get(a)) is not None and n % replicas == index for a in addresses]

@@ -54,6 +54,7 @@ from typing import Any
 from extproc.endpoints import Endpoint
 from extproc.scheduling.cache_life import CacheLife
 from extproc.scheduling.framework import SchedulingRequest
+from extproc.scheduling.hot_hold import HotHold
 from extproc.scheduling.kv_room import KvRoom
 from extproc.scheduling.pool_views import PoolViews
 from extproc.scheduling.prefix import DEFAULT_BLOCK_CHARS, rendezvous
@@ -152,7 +153,7 @@ class PrefixAffinityScorer:
         self._counted: tuple[int, tuple[int, ...], int | None, bool] = (-1, (), None, False)
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
         self._slot = (0, 1)  # (this replica's index, live replicas sharing placements): its share of endpoints
-        self._hot_since: dict[str, tuple[float, float]] = {}  # address -> (hot since, last seen hot)
+        self._hot = HotHold(params.hot_hold_ms / 1000.0)
         self._views = PoolViews()
 
     def choices(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[int]:
@@ -201,7 +202,7 @@ class PrefixAffinityScorer:
                 pairs.paired(keys, request.now)
                 self._counted = (request.sequence, tuple(keys), counted, True)
                 return paired
-        follow = [i for i in range(count) if deepest and depth[i] >= near and not self._held_hot(
+        follow = [i for i in range(count) if deepest and depth[i] >= near and not self._hot.held(
             addresses[i], loads[i] > hot, request.now)]
         if follow:
             if pairs is None or not pairs.is_paired(blocks[max(1, near) - 1:deepest]):
@@ -224,11 +225,7 @@ class PrefixAffinityScorer:
             return [False] * len(addresses)
         least_load = min(loads) + 1.0
         least_backlog = min(tokens) + request.prompt_tokens
-        if request.pool:
-            position = self._views(request.pool).position
-        else:
-            position = {a: n for n, a in enumerate(sorted(addresses))}
-        dealt = [(n := position.get(a)) is not None and n % replicas == index for a in addresses]
+        dealt = self._views.dealt(request.pool, addresses, index, replicas)
         return [not (own and load <= least_load and backlog <= least_backlog)
                 for own, load, backlog in zip(dealt, loads, tokens, strict=True)]
 
@@ -271,25 +268,6 @@ class PrefixAffinityScorer:
         least = min(follow, key=lambda i: (age.get(addresses[i], -1), -rank[i]))
         best = min(follow, key=lambda i: (tokens[i], loads[i], -rank[i]))
         return least if tokens[least] <= tokens[best] else best
-
-    def _held_hot(self, address: str, hot: bool, now: float) -> bool:
-        """Whether `address` has been hot for `hot_hold_ms` (seen hot at every look since; a look more than the hold
-        apart starts over)."""
-        hold = self.params.hot_hold_ms / 1000.0
-        if not hot:
-            self._hot_since.pop(address, None)
-            return False
-        entry = self._hot_since.get(address)
-        if entry is None:
-            # An entry not seen hot within the hold counts as absent: drop those (an endpoint that left the
-            # pool while hot), so the map holds only endpoints hot lately. Only here: a new hot endpoint is rare.
-            self._hot_since = {a: e for a, e in self._hot_since.items() if now - e[1] <= hold}
-            entry = (now, now)
-        since, seen = entry
-        if now - seen > hold:
-            since = now
-        self._hot_since[address] = (since, now)
-        return now - since >= hold
 
     def score(self, request: SchedulingRequest, endpoints: Sequence[Endpoint]) -> list[float]:
         scores = [0.0] * len(endpoints)

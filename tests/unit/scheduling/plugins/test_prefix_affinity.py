@@ -91,18 +91,6 @@ def test_a_home_hot_for_less_than_the_hold_keeps_its_prefix() -> None:
     assert home(scorer, SYSTEMS[0] + " q8", endpoints, now=NOW + 1.81) != first
 
 
-def test_the_hot_hold_forgets_an_endpoint_not_seen_hot_within_the_hold() -> None:
-    scorer = PrefixAffinityScorer("p", Params(hot_hold_ms=300))
-    assert not scorer._held_hot("gone:1", True, NOW)  # hot, then it leaves the pool: never looked at again
-    assert not scorer._held_hot("a:1", True, NOW + 0.1)
-    assert set(scorer._hot_since) == {"gone:1", "a:1"}
-    assert not scorer._held_hot("a:1", True, NOW + 0.35)  # a look within the hold keeps its start
-    assert scorer._held_hot("a:1", True, NOW + 0.45)
-    assert not scorer._held_hot("b:1", True, NOW + 1.0)  # a new hot endpoint: the stale entries go
-    assert set(scorer._hot_since) == {"b:1"}
-    assert not scorer._held_hot("a:1", True, NOW + 1.1)  # as if never seen: the hold starts over
-
-
 def test_a_conversation_follows_its_deepest_prefix_then_falls_back_to_its_system_prompt() -> None:
     endpoints = fleet(4)
     scorer = PrefixAffinityScorer("p", Params(load_slack=2.0, hot_hold_ms=0))
