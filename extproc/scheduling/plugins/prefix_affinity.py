@@ -310,8 +310,9 @@ class PrefixAffinityScorer:
             if fresh:
                 self._outbox.append((endpoint.address, fresh))
             self._sent_box.append((request.now, sent))
-            if len(self._outbox) > _OUTBOX_LIMIT or len(self._sent_box) > _OUTBOX_LIMIT:
+            if len(self._outbox) > _OUTBOX_LIMIT:
                 del self._outbox[: len(self._outbox) - _OUTBOX_LIMIT]
+            if len(self._sent_box) > _OUTBOX_LIMIT:
                 del self._sent_box[: len(self._sent_box) - _OUTBOX_LIMIT]
 
     def _apply(self, sent: Sent, now: float, backlog_share: float) -> None:
