@@ -86,6 +86,11 @@ class SharedState(Protocol):
         """Learn lines another replica exported `age_s` ago (`now`, `age_s`: on the scheduling clock)."""
         ...
 
+    def keep_unsent(self, lines: Sequence[str]) -> list[str]:
+        """Of exported lines an exchange failed to send, those still true when sent at the next one (a line
+        whose meaning depends on its age at export is not: the receiver would take it as that young)."""
+        ...
+
     def unshared_replicas(self, count: int) -> None:
         """`count` service replicas (this one included) decide alongside each other without sharing this state
         (1: alone, or shared): the plugin must then decide alike in every replica from what they all see."""

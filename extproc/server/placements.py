@@ -12,7 +12,8 @@ entries of the other replicas go to the plugins of the same name (`import_shared
 a new prefix within one interval both keep their placements: the prefix then has two homes, which the
 scorer spreads its requests over. A replica that starts reads the retained stream first (a batch per
 interval), so it knows the fleet's recent placements. Nothing here runs on the request path; a failed
-exchange is retried at the next interval with the placements it could not send. Each exchange also tells the
+exchange is retried at the next interval with the placements it could not send (`SharedState.keep_unsent`: not
+the request lines below, whose age was fixed at export). Each exchange also tells the
 plugins this replica's index among the live replicas (from the in-flight exchange, when it runs), so that they
 can divide work between the replicas (`SharedState.replica_slot`).
 
@@ -103,8 +104,14 @@ class PlacementSync(ReplicaExchange):
             del lines[: max(0, len(lines) - _SEND_LIMIT)]
         unsent = {name: lines for name, lines in self._unsent.items() if lines}
         payload = json.dumps(unsent, separators=(",", ":")) if unsent else ""
-        reply = await self._client.evalsha(_EXCHANGE, [PLACEMENTS_KEY], [
-            self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS])
+        try:
+            reply = await self._client.evalsha(_EXCHANGE, [PLACEMENTS_KEY], [
+                self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS])
+        except Exception:
+            plugins = self._scheduler().shared()
+            self._unsent = {name: plugins[name].keep_unsent(lines) for name, lines in unsent.items()
+                            if name in plugins}
+            raise
         self.sent_lines += sum(len(lines) for lines in unsent.values())
         self._unsent = {}
         self._cursor = reply[0].decode()
@@ -126,3 +133,4 @@ class PlacementSync(ReplicaExchange):
                 if target is not None and isinstance(lines, list):
                     self.learned_lines += target.import_shared([x for x in lines if isinstance(x, str)], now,
                                                                age_s)
+

@@ -360,6 +360,10 @@ class PrefixAffinityScorer:
         return [*(" ".join((address, *map(str, hashes))) for address, hashes in outbox),
                 *(request.line(now - at) for at, request in sent)]
 
+    def keep_unsent(self, lines: Sequence[str]) -> list[str]:
+        """Placements; not requests (their age was fixed at export: after an outage they would replay as fresh)."""
+        return [line for line in lines if not line.startswith(SENT_MARK)]
+
     def import_shared(self, lines: Sequence[str], now: float, age_s: float = 0.0) -> int:
         """Learn other replicas' placements and replay their requests (exported `age_s` ago); malformed lines are
         skipped. Returns the lines learned (requests too old to replay are not)."""
