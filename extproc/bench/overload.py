@@ -44,7 +44,7 @@ from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import engine_ttft, scrape_metrics
-from extproc.bench.routing_options import NOFLOW, SHARE, shares_scrapes, split_strategy, strategy_flags
+from extproc.bench.routing_options import NOFLOW, NOSHARE, SHARE, shares_scrapes, split_strategy, strategy_flags
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
@@ -76,7 +76,7 @@ def prompt_tokens(seed: int, samples: int = 200) -> int:
 
 
 def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None = None,
-            share: bool = False) -> dict[str, Any]:
+            share: bool | None = None) -> dict[str, Any]:
     policy: dict[str, Any] = {
         "auth": {"mode": "trusted-header"},
         "tiers": {"default": {}, "gold": {"priority": "critical"}, "standard": {"priority": "standard"},
@@ -87,8 +87,8 @@ def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None 
         policy["limits"] = {"store": "redis", "redis_url": redis_url}
     if fleet_sync_ms is not None:
         policy["flow_control"]["fleet_sync_ms"] = fleet_sync_ms
-    if share:  # the replicas share their endpoint scrapes through the same exchange (strategy suffix +share)
-        policy["scheduling"] = {"scrape": {"share": True}}
+    if share is not None:  # strategy suffix +share / +noshare: whether the replicas share their endpoint scrapes
+        policy["scheduling"] = {"scrape": {"share": share}}
     return policy
 
 
@@ -286,12 +286,13 @@ async def run_overload(args: argparse.Namespace) -> int:
         args.slo_ttft = SLO_TTFT_S
     strategies = [s.strip() for s in (args.strategies or DEFAULT_STRATEGIES).split(",") if s.strip()]
     bad = [s for s in strategies if s not in ENVOY_STRATEGIES
-           and (strategy_flags(s)[0] != "default" or not strategy_flags(s)[1] <= {NOFLOW, SHARE} or "@" in s)]
+           and (strategy_flags(s)[0] != "default" or "@" in s or not strategy_flags(s)[1] <= {NOFLOW, SHARE, NOSHARE}
+                or strategy_flags(s)[1] >= {SHARE, NOSHARE})]
     loads = [float(x) for x in (args.loads or DEFAULT_LOADS).split(",") if x.strip()]
     endpoints = args.endpoints or 4
     if bad or not loads or min(loads) <= 0:
-        print(f"error: strategies must be envoy-least-request, envoy-round-robin, default, default{NOFLOW}, "
-              f"default{SHARE} or default{NOFLOW}{SHARE} "
+        print(f"error: strategies must be envoy-least-request, envoy-round-robin or default, the latter with "
+              f"{NOFLOW} and one of {SHARE} / {NOSHARE} optionally "
               f"(got {bad}); --loads must be positive", file=sys.stderr)
         return 2
     profile = BUILTIN_PROFILES["h100-8b"]

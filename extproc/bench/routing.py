@@ -80,7 +80,11 @@ def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
     if (mode := body_mode(strategy)) is not None:
         document.setdefault("envoy", {})["request_body_mode"] = mode
     scrape = document.setdefault("scheduling", {}).setdefault("scrape", {})
-    scrape["share"], scrape["stagger"] = shares_scrapes(strategy), staggers_scrapes(strategy)
+    scrape["stagger"] = staggers_scrapes(strategy)
+    if (share := shares_scrapes(strategy)) is not None:
+        scrape["share"] = share
+    else:  # the policy's default, whatever the previous strategy set
+        scrape.pop("share", None)
     for entry, pool in zip(document["pools"], pools, strict=True):
         entry["profile"] = profile
         if pool.lora:

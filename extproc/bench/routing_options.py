@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "SHARE", "STAGGER", "STREAMED", "PrefixShape",
+    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOSHARE", "SHARE", "STAGGER", "STREAMED", "PrefixShape",
     "add_shape_options", "body_mode", "envoy_workers", "front_end", "parse_range", "service_replicas",
     "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
 ]
@@ -28,16 +28,18 @@ GRPCIO = "+grpcio"
 STREAMED = "+streamed"
 BUFFERED = "+buffered"
 PREBUFFERED = "+prebuffered"
-# A strategy with this suffix runs our service replicas with shared scrapes (`scheduling.scrape.share: true`: each
-# endpoint scraped by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter).
+# With these suffixes our service replicas share their scrapes (`scheduling.scrape.share: true`: each endpoint scraped
+# by one replica for all, through the fleet exchange; it needs 2 or more replicas to matter) or each scrape every
+# endpoint themselves (false); without either, as the policy's default says (shared), so both compare in one run.
 SHARE = "+share"
+NOSHARE = "+noshare"
 # A strategy with this suffix staggers its scrapes over the interval (`scheduling.scrape.stagger: true`); without it,
 # every engine is scraped at once each round (the policy's default).
 STAGGER = "+stagger"
 # A strategy with this suffix runs our Envoy with 2 worker threads (`--concurrency 2`, Envoy's own default on this
 # 2-core machine, as many threads as the peer routers' runtimes use) instead of 1.
 ENVOY2 = "+envoy2"
-SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, STREAMED, BUFFERED, PREBUFFERED, STAGGER, ENVOY2})
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, NOSHARE, STREAMED, BUFFERED, PREBUFFERED, STAGGER, ENVOY2})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one
@@ -94,9 +96,13 @@ def staggers_scrapes(strategy: str) -> bool:
     return STAGGER in strategy_flags(strategy)[1]
 
 
-def shares_scrapes(strategy: str) -> bool:
-    """The service's `scheduling.scrape.share` for a strategy: on with the SHARE suffix, else off (the default)."""
-    return SHARE in strategy_flags(strategy)[1]
+def shares_scrapes(strategy: str) -> bool | None:
+    """The service's `scheduling.scrape.share` a strategy's suffix asks for, or None for the policy's default.
+    Raises ValueError when it asks for both."""
+    flags = strategy_flags(strategy)[1]
+    if SHARE in flags and NOSHARE in flags:
+        raise ValueError(f"strategy {strategy!r}: {SHARE} and {NOSHARE} exclude each other")
+    return True if SHARE in flags else False if NOSHARE in flags else None
 
 
 def parse_range(text: str) -> tuple[int, int]:

@@ -31,9 +31,10 @@ class ScrapeConfig(Strict):
     stale_after_ms: int = Field(default=1000, ge=50)
     # With the replicas' in-flight exchange (extproc.server.fleet): each endpoint is scraped by one replica for
     # all (extproc.endpoints.shared_metrics), so the engines' scrape load does not grow with the replicas.
-    # Off by default: with 3 replicas at 0.9x load, flow control queued and refused more with it on
-    # (reports/i13-s9/overload-0.9-r3-merged*, vs -noshare-lead); not yet understood.
-    share: bool = False
+    # (Off from 916377b to session 17, when flow control at 0.9x load with 3 replicas refused 3 requests with it on;
+    # shared scrapes carry the replicas' in-flight count of their moment since 6a5aa3d, and three runs of that point
+    # with it on and off since showed no refusal either way: reports/i15-s17/overload-share.)
+    share: bool = True
     # Each round's scrapes start spread over the first half of the interval, each endpoint at its own fixed offset
     # (its place in the registry), instead of all at once: one round's parses (~165 us each) do not block this
     # process's event loop in one burst, and the engines' /metrics pages are not all asked for at the same instant.

@@ -79,11 +79,11 @@ def test_longest_waits_over_replicas() -> None:
     assert overload.longest_waits(flows) == {"critical": 0.5, "standard": 9.9}
 
 
-def test_the_share_suffix_runs_the_replicas_with_shared_scrapes() -> None:
+def test_the_share_suffixes_set_the_replicas_shared_scrapes() -> None:
     from extproc.config import parse_policy
 
     url = "redis://127.0.0.1:1/0"
     pools = [{"name": "chat", "model": "m", "endpoints": ["127.0.0.1:9"]}]
-    shared = parse_policy(json.dumps({**overload._policy(True, url, share=True), "pools": pools}), "p.yaml")
+    own = parse_policy(json.dumps({**overload._policy(True, url, share=False), "pools": pools}), "p.yaml")
     plain = parse_policy(json.dumps({**overload._policy(True, url), "pools": pools}), "p.yaml")
-    assert shared.scheduling.scrape.share and not plain.scheduling.scrape.share
+    assert plain.scheduling.scrape.share and not own.scheduling.scrape.share

@@ -117,15 +117,16 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
                   tmp_path / "envoy", {pools[0].name: [9001, 9002]}, [(9100, 9101)])
     routing._use_profile(stack, plan.layout.pools, "variant+noflow")
     assert {p.profile for p in stack.policy.pools} == {"variant"} and not stack.policy.flow_control.enabled
-    assert not stack.policy.scheduling.scrape.share and not stack.policy.scheduling.scrape.stagger
+    assert stack.policy.scheduling.scrape.share and not stack.policy.scheduling.scrape.stagger  # the defaults
     assert stack.policy.service.front_end == "lean"  # the policy's default without a front-end suffix
-    routing._use_profile(stack, plan.layout.pools, "variant+share+noflow+stagger")
-    assert stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
+    routing._use_profile(stack, plan.layout.pools, "variant+noshare+noflow+stagger")
+    assert not stack.policy.scheduling.scrape.share and not stack.policy.flow_control.enabled
     assert stack.policy.scheduling.scrape.stagger
     assert stack.policy.scheduling.plugins[0].parameters == {"hot_hold_ms": 0}
     assert stack.policy.envoy.request_body_mode == "prebuffered"  # the policy's default without a body-mode suffix
     routing._use_profile(stack, plan.layout.pools, "variant+streamed")
     assert stack.policy.envoy.request_body_mode == "streamed" and stack.policy.flow_control.enabled
+    assert stack.policy.scheduling.scrape.share  # back to the default after +noshare
     lds = yaml.safe_load((tmp_path / "envoy" / "lds.yaml").read_text())  # what Envoy loads for this strategy
     ext_proc = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
     assert ext_proc["name"] == "envoy.filters.http.ext_proc"  # no buffer filter ahead of it

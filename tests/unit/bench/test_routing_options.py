@@ -10,6 +10,7 @@ from extproc.bench.routing_options import (
     GRPCIO,
     LEAN,
     NOFLOW,
+    NOSHARE,
     PREBUFFERED,
     SHARE,
     STAGGER,
@@ -66,10 +67,13 @@ def test_body_mode_suffixes_override_the_policy_and_exclude_each_other() -> None
         body_mode(f"default{PREBUFFERED}{BUFFERED}")
 
 
-def test_the_share_suffix_turns_shared_scrapes_on_and_combines_with_the_others() -> None:
-    assert not shares_scrapes("default") and not shares_scrapes(f"default{NOFLOW}{LEAN}@3")
+def test_the_share_suffixes_set_shared_scrapes_and_combine_with_the_others() -> None:
+    assert shares_scrapes("default") is None and shares_scrapes(f"default{NOFLOW}{LEAN}@3") is None
     for strategy in (f"default{SHARE}", f"default{NOFLOW}{SHARE}@3", f"default{SHARE}{LEAN}"):
-        assert shares_scrapes(strategy) and split_strategy(strategy)[0] == "default"
+        assert shares_scrapes(strategy) is True and split_strategy(strategy)[0] == "default"
+    assert shares_scrapes(f"default{NOSHARE}@3") is False and shares_scrapes(f"default{NOFLOW}{NOSHARE}") is False
+    with pytest.raises(ValueError, match="exclude each other"):
+        shares_scrapes(f"default{SHARE}{NOSHARE}")
     assert split_strategy(f"default{SHARE}{NOFLOW}") == ("default", False)
     assert front_end(f"default{SHARE}{LEAN}") == "lean"
 
