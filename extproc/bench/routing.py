@@ -50,12 +50,14 @@ from extproc.bench.routing_metrics import (
     scrape_metrics,
 )
 from extproc.bench.routing_options import (
+    NOPUSH,
     body_mode,
     envoy_workers,
     front_end,
     shares_scrapes,
     split_strategy,
     staggers_scrapes,
+    strategy_flags,
 )
 from extproc.bench.routing_plan import Plan, configure, make_plan, sim_profile
 from extproc.bench.routing_pool import TTFTS, ttfts_ms
@@ -79,7 +81,9 @@ def _use_profile(stack: Stack, pools: Sequence[SimPool], strategy: str) -> None:
         document.setdefault("service", {})["front_end"] = front
     if (mode := body_mode(strategy)) is not None:
         document.setdefault("envoy", {})["request_body_mode"] = mode
-    scrape = document.setdefault("scheduling", {}).setdefault("scrape", {})
+    scheduling = document.setdefault("scheduling", {})
+    scheduling["push_requests"] = NOPUSH not in strategy_flags(strategy)[1]
+    scrape = scheduling.setdefault("scrape", {})
     scrape["stagger"] = staggers_scrapes(strategy)
     if (share := shares_scrapes(strategy)) is not None:
         scrape["share"] = share

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
-    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOSHARE", "SHARE", "STAGGER", "STREAMED", "PrefixShape",
+    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOPUSH", "NOSHARE", "SHARE", "STAGGER", "STREAMED",
+    "PrefixShape",
     "add_shape_options", "body_mode", "envoy_workers", "front_end", "parse_range", "service_replicas",
     "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
 ]
@@ -33,13 +34,16 @@ PREBUFFERED = "+prebuffered"
 # endpoint themselves (false); without either, as the policy's default says (shared), so both compare in one run.
 SHARE = "+share"
 NOSHARE = "+noshare"
+# A strategy with this suffix runs our replicas with the requests they route sent with the placement exchange
+# (`scheduling.push_requests: false`) instead of pushed as they are routed (the default).
+NOPUSH = "+nopush"
 # A strategy with this suffix staggers its scrapes over the interval (`scheduling.scrape.stagger: true`); without it,
 # every engine is scraped at once each round (the policy's default).
 STAGGER = "+stagger"
 # A strategy with this suffix runs our Envoy with 2 worker threads (`--concurrency 2`, Envoy's own default on this
 # 2-core machine, as many threads as the peer routers' runtimes use) instead of 1.
 ENVOY2 = "+envoy2"
-SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, NOSHARE, STREAMED, BUFFERED, PREBUFFERED, STAGGER, ENVOY2})
+SUFFIXES = frozenset({NOFLOW, LEAN, GRPCIO, SHARE, NOSHARE, NOPUSH, STREAMED, BUFFERED, PREBUFFERED, STAGGER, ENVOY2})
 
 
 # A profile strategy may end with @N: N service replicas sharing a redis-server (instead of --replicas), so that one

@@ -65,6 +65,10 @@ class ClusterClient:
         replies = await asyncio.gather(*(node.call(*args) for node in self._primaries()))
         return replies[0] if replies else None
 
+    async def call_at(self, key: Arg, *args: Arg) -> Any:
+        """A command on `key`'s node, for commands whose key is not their first argument (XREAD)."""
+        return await self._routed(key, lambda node: node.call(*args))
+
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
                       timeout_s: float | None = None) -> Any:
         return await self._routed(keys[0], lambda node: node.evalsha(script, keys, args, timeout_s))

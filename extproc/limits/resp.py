@@ -85,6 +85,10 @@ class RespClient:
         """Run one command and return its reply."""
         return await self._call(pack(args))
 
+    async def call_at(self, key: Arg, *args: Arg) -> Any:
+        """`call`, for a command whose key is not its first argument (one node: `key` is not used)."""
+        return await self._call(pack(args))
+
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
                       timeout_s: float | None = None) -> Any:
         """Run `script` (by SHA; by body after NOSCRIPT) and return its reply, waiting at most

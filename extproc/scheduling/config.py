@@ -46,6 +46,10 @@ class SchedulingConfig(Strict):
                                    description="with limits.store redis: how often service replicas exchange where "
                                                "they placed prompt prefixes and the requests they routed "
                                                "(extproc/server/placements.py); 0 = never")
+    push_requests: bool = Field(default=True,
+                                description="with placements shared: each replica sends the requests it routed to "
+                                            "the others as it routes them (a Redis stream read blocking), not with "
+                                            "the next placement exchange (extproc/server/request_push.py)")
     # A pool larger than this is scheduled over its nominated endpoints plus a random sample (0: never).
     max_candidates: int = Field(default=16, ge=0)
 

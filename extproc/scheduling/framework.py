@@ -80,15 +80,22 @@ class SharedState(Protocol):
 
     name: str
 
-    def export_shared(self, now: float) -> list[str]: ...
+    def export_shared(self, now: float) -> list[str]:
+        """Lines learned since the last call that stay true (e.g. placements): kept and resent when an exchange
+        fails; a replica that starts reads the recent ones."""
+        ...
+
+    def export_perishable(self, now: float) -> list[str]:
+        """Lines since the last call whose meaning fades within a second (e.g. a request's prefill backlog): sent as
+        soon as possible, never resent."""
+        ...
+
+    def watch(self, notify: Callable[[], None]) -> None:
+        """Call `notify` whenever a perishable line is ready (on the event loop; it must not block)."""
+        ...
 
     def import_shared(self, lines: Sequence[str], now: float, age_s: float = 0.0) -> int:
         """Learn lines another replica exported `age_s` ago (`now`, `age_s`: on the scheduling clock)."""
-        ...
-
-    def keep_unsent(self, lines: Sequence[str]) -> list[str]:
-        """Of exported lines an exchange failed to send, those still true when sent at the next one (a line
-        whose meaning depends on its age at export is not: the receiver would take it as that young)."""
         ...
 
     def unshared_replicas(self, count: int) -> None:

@@ -34,6 +34,7 @@ from extproc.limits.cluster import RedisClient
 from extproc.limits.resp import Script
 from extproc.scheduling import Scheduler
 from extproc.server.fleet import ReplicaExchange, replica_name
+from extproc.server.request_push import RequestPush
 
 __all__ = ["PLACEMENTS_KEY", "STREAM_LIMIT", "PlacementSync"]
 
@@ -80,42 +81,58 @@ class PlacementSync(ReplicaExchange):
 
     def __init__(self, client: RedisClient, scheduler: Callable[[], Scheduler], interval_s: float, *,
                  replica_id: str | None = None, slot: Callable[[], tuple[int, int]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, push: RequestPush | None = None) -> None:
         """`slot`: this replica's index among the live replicas and their number (`FleetSync.slot`), told to the
         plugins every exchange (`SharedState.replica_slot`); without it they place as if alone. `clock`: the
-        scheduling clock (`SchedulingRequest.now`'s)."""
+        scheduling clock (`SchedulingRequest.now`'s). `push`: sends the plugins' request lines as they come (else
+        they go with the next exchange); this exchange tells it the plugins and the Redis server's clock."""
         super().__init__(client, interval_s)
         self._clock = clock
         self._scheduler = scheduler  # the current one: a policy reload replaces it (and its plugins' state)
         self._slot = slot
         self.replica_id = replica_id or replica_name()
         self._cursor = "0-0"
-        self._unsent: dict[str, list[str]] = {}
+        self._unsent: dict[str, list[str]] = {}  # placements a failed exchange could not send
+        self.push = push
         self.sent_lines = 0
         self.learned_lines = 0
 
+    async def start(self) -> None:
+        await super().start()
+        if self.push is not None:
+            self.push.attach(self._scheduler().shared())
+            await self.push.start()
+
+    async def stop(self) -> None:
+        if self.push is not None:
+            await self.push.stop()
+        await super().stop()
+
     async def sync_once(self) -> None:
         slot = self._slot() if self._slot is not None else None
-        for name, source in self._scheduler().shared().items():
+        plugins, now = self._scheduler().shared(), self._clock()
+        if self.push is not None:
+            self.push.attach(plugins)
+        sent: dict[str, list[str]] = {}
+        for name, source in plugins.items():
             if slot is not None:
                 source.replica_slot(*slot)
             lines = self._unsent.setdefault(name, [])
-            lines += source.export_shared(self._clock())
+            lines += source.export_shared(now)
             del lines[: max(0, len(lines) - _SEND_LIMIT)]
-        unsent = {name: lines for name, lines in self._unsent.items() if lines}
-        payload = json.dumps(unsent, separators=(",", ":")) if unsent else ""
-        try:
-            reply = await self._client.evalsha(_EXCHANGE, [PLACEMENTS_KEY], [
-                self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS])
-        except Exception:
-            plugins = self._scheduler().shared()
-            self._unsent = {name: plugins[name].keep_unsent(lines) for name, lines in unsent.items()
-                            if name in plugins}
-            raise
-        self.sent_lines += sum(len(lines) for lines in unsent.values())
+            # Request lines go with this exchange when not pushed, and are never kept for the next one (their age
+            # is fixed at export: after an outage they would replay as fresh).
+            sent[name] = lines + (source.export_perishable(now) if self.push is None else [])
+        sent = {name: lines for name, lines in sent.items() if lines}
+        payload = json.dumps(sent, separators=(",", ":")) if sent else ""
+        reply = await self._client.evalsha(_EXCHANGE, [PLACEMENTS_KEY], [
+            self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS])
+        self.sent_lines += sum(len(lines) for lines in sent.values())
         self._unsent = {}
         self._cursor = reply[0].decode()
         server_ms, now = int(reply[1]), self._clock()
+        if self.push is not None:
+            self.push.server_offset_s = server_ms / 1000.0 - now
         plugins = self._scheduler().shared()
         for i in range(2, len(reply) - 2, 3):
             if reply[i + 1].decode() == self.replica_id:

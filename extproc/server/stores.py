@@ -27,7 +27,10 @@ from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.fleet import FleetSync, replica_name
 from extproc.server.placements import PlacementSync
 from extproc.server.queue_sync import QueueSync
+from extproc.server.request_push import RequestPush
 from extproc.server.scrape_share import ScrapeShare
+
+_PUSH_BLOCK_S = 1.0  # the longest a pushed-requests read waits for an entry
 
 REDIS_URL_ENV = "EXTPROC_REDIS_URL"
 
@@ -122,8 +125,12 @@ def build_placement_sync(policy: Policy, scheduler: Callable[[], Scheduler],
     if redis_at is None or not policy.shares_placements():
         return None
     interval_s = policy.scheduling.placement_sync_ms / 1000.0
-    return PlacementSync(redis_at.client(max(0.1, interval_s), PlacementSync.SCRIPTS), scheduler, interval_s,
-                         slot=slot)
+    client = redis_at.client(max(0.1, interval_s), PlacementSync.SCRIPTS)
+    replica = replica_name()
+    push = None
+    if policy.scheduling.push_requests:  # (its reader blocks for up to a second: a connection of its own)
+        push = RequestPush(client, redis_at.client(_PUSH_BLOCK_S + 1.0), replica, block_s=_PUSH_BLOCK_S)
+    return PlacementSync(client, scheduler, interval_s, slot=slot, replica_id=replica, push=push)
 
 
 def build_rollout_store(policy: Policy) -> RolloutStore:

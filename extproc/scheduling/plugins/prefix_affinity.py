@@ -47,7 +47,7 @@ learned from where requests were sent (`observe`); replicas share it through Red
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +149,7 @@ class PrefixAffinityScorer:
             self.pairs is not None and params.pair_lifetime > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._sent_box: list[tuple[float, Sent]] = []  # (when, request) routed here, for the other replicas
+        self._notify: Callable[[], None] = lambda: None  # told when `_sent_box` gains a line (`watch`)
         # What the last decision counted, for its `Sent`: (sequence, second-home keys, split key, paired).
         self._counted: tuple[int, tuple[int, ...], int | None, bool] = (-1, (), None, False)
         self._unshared = 1  # replicas placing alongside this one without sharing the directory
@@ -310,10 +311,9 @@ class PrefixAffinityScorer:
             if fresh:
                 self._outbox.append((endpoint.address, fresh))
             self._sent_box.append((request.now, sent))
-            if len(self._outbox) > _OUTBOX_LIMIT:
-                del self._outbox[: len(self._outbox) - _OUTBOX_LIMIT]
-            if len(self._sent_box) > _OUTBOX_LIMIT:
-                del self._sent_box[: len(self._sent_box) - _OUTBOX_LIMIT]
+            self._notify()
+            del self._outbox[:-_OUTBOX_LIMIT]  # (each box by its own length: nothing while within the limit)
+            del self._sent_box[:-_OUTBOX_LIMIT]
 
     def _apply(self, sent: Sent, now: float, backlog_share: float) -> None:
         """What a request sent does to the state (its counts for the split and second homes aside: `choices` counts
@@ -349,20 +349,20 @@ class PrefixAffinityScorer:
         self._unshared = max(1, count)
 
     def replica_slot(self, index: int, count: int) -> None:
-        """This replica is `index` (0-based) of `count` live replicas sharing placements (0 of 1: alone)."""
         self._slot = (index, count) if 0 <= index < count else (0, 1)
 
     def export_shared(self, now: float) -> list[str]:
-        """Placements since the last call, as "address hash hash ..." lines, and the requests routed, as `Sent`
-        lines (starts recording on first call)."""
+        """Placements since the last call, as "address hash hash ..." lines (starts recording on first call)."""
         outbox, self._outbox = self._outbox or [], []
-        sent, self._sent_box = self._sent_box, []
-        return [*(" ".join((address, *map(str, hashes))) for address, hashes in outbox),
-                *(request.line(now - at) for at, request in sent)]
+        return [" ".join((address, *map(str, hashes))) for address, hashes in outbox]
 
-    def keep_unsent(self, lines: Sequence[str]) -> list[str]:
-        """Placements; not requests (their age was fixed at export: after an outage they would replay as fresh)."""
-        return [line for line in lines if not line.startswith(SENT_MARK)]
+    def export_perishable(self, now: float) -> list[str]:
+        """The requests routed since the last call, as `Sent` lines (their age at `now` included)."""
+        sent, self._sent_box = self._sent_box, []
+        return [request.line(now - at) for at, request in sent]
+
+    def watch(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
 
     def import_shared(self, lines: Sequence[str], now: float, age_s: float = 0.0) -> int:
         """Learn other replicas' placements and replay their requests (exported `age_s` ago); malformed lines are

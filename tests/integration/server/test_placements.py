@@ -133,7 +133,7 @@ async def test_a_request_is_replayed_only_while_young_on_the_redis_servers_clock
     try:
         await a.sync_once()
         route(sched_a, SYSTEM + " first", endpoints)
-        lines = prefix_plugin(sched_a).export_shared(NOW)
+        lines = prefix_plugin(sched_a).export_shared(NOW) + prefix_plugin(sched_a).export_perishable(NOW)
         assert [line[0] for line in lines] == ["1", "~"]  # a placement, a request
         raw = Redis.from_url(server.url)
         try:

@@ -127,6 +127,9 @@ def test_a_scheduling_file_adds_profiles_to_run_as_strategies(tmp_path: Path) ->
     routing._use_profile(stack, plan.layout.pools, "variant+streamed")
     assert stack.policy.envoy.request_body_mode == "streamed" and stack.policy.flow_control.enabled
     assert stack.policy.scheduling.scrape.share  # back to the default after +noshare
+    assert stack.policy.scheduling.push_requests
+    routing._use_profile(stack, plan.layout.pools, "variant+nopush@3")
+    assert not stack.policy.scheduling.push_requests
     lds = yaml.safe_load((tmp_path / "envoy" / "lds.yaml").read_text())  # what Envoy loads for this strategy
     ext_proc = lds["resources"][0]["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][1]
     assert ext_proc["name"] == "envoy.filters.http.ext_proc"  # no buffer filter ahead of it

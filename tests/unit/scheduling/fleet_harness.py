@@ -3,8 +3,10 @@
 The real pieces: the simulator's step engine (`extproc.sim.engine`) with its prefix cache, the chat template and
 tokenizer it prompts with, the gateway's prefix hashing of the same request, the pool's load model fed by a scrape
 of every engine every 100 ms, and one `Scheduler` per service replica with its plugins' state, exchanged between
-replicas every `share_s` (as `extproc.server.placements` does through Redis) or never. What Envoy and the service's
-streams do is reduced to its effect: a request is in flight on its endpoint from its routing to its last token.
+replicas every `share_s` (as `extproc.server.placements` does through Redis) or never; with `push_s`, the requests
+routed reach the other replicas that long after their routing instead (`extproc.server.request_push`). What Envoy
+and the service's streams do is reduced to its effect: a request is in flight on its endpoint from its routing to
+its last token.
 """
 
 from __future__ import annotations
@@ -58,7 +60,8 @@ class Result:
 
 class RoutedFleet:
     def __init__(self, profile: Profile, endpoints: int, *, replicas: int = 1, share_s: float | None = None,
-                 profile_name: str = "default", scheduling: SchedulingConfig | None = None) -> None:
+                 push_s: float | None = None, profile_name: str = "default",
+                 scheduling: SchedulingConfig | None = None) -> None:
         self.time = VirtualTime()
         self.nodes = [Node(Engine(profile, self.time.clock), Endpoint(f"10.0.0.{i}:8000")) for i in range(endpoints)]
         self.pool = tuple(n.endpoint for n in self.nodes)  # the pool's endpoint set, as the gateway names it
@@ -79,10 +82,29 @@ class RoutedFleet:
                 for plugin in scheduler.shared().values():
                     plugin.export_shared(0.0)  # start recording
                     plugin.replica_slot(index, replicas)  # as `extproc.server.placements` tells them
+                    if push_s is not None:
+                        plugin.watch(lambda i=index: self._push_soon(i, push_s))
             self.time.call_later(share_s, lambda: self._share(share_s))
+        self._push_s = push_s
+        self._pushing = [False] * replicas
+
+    def _push_soon(self, index: int, after_s: float) -> None:
+        if not self._pushing[index]:
+            self._pushing[index] = True
+            self.time.call_later(after_s, lambda: self._push(index))
+
+    def _push(self, index: int) -> None:
+        self._pushing[index] = False
+        lines = {name: p.export_perishable(self.time.now) for name, p in self.schedulers[index].shared().items()}
+        for i, scheduler in enumerate(self.schedulers):
+            if i != index:
+                for name, plugin in scheduler.shared().items():
+                    plugin.import_shared(lines.get(name, []), self.time.now)
 
     def _share(self, every_s: float) -> None:
-        exported = [{name: p.export_shared(self.time.now) for name, p in s.shared().items()} for s in self.schedulers]
+        now = self.time.now
+        exported = [{name: p.export_shared(now) + (p.export_perishable(now) if self._push_s is None else [])
+                     for name, p in s.shared().items()} for s in self.schedulers]
         for i, scheduler in enumerate(self.schedulers):
             for j, lines in enumerate(exported):
                 if i != j:
@@ -153,12 +175,12 @@ class RoutedFleet:
 
 def run(next_spec: Callable[[int], RequestSpec], rate: float, *, endpoints: int, kv_blocks: int,
         warmup_s: float = 5.0, duration_s: float = 20.0, seed: int = 0, replicas: int = 1,
-        share_s: float | None = None, scheduling: SchedulingConfig | None = None,
+        share_s: float | None = None, push_s: float | None = None, scheduling: SchedulingConfig | None = None,
         profile_name: str = "default") -> Result:
     """Poisson arrivals at `rate` for warm-up + duration; the result counts the requests sent after warm-up."""
     profile = dataclasses.replace(load_profile("h100-8b"), num_gpu_blocks=kv_blocks)
-    fleet = RoutedFleet(profile, endpoints, replicas=replicas, share_s=share_s, profile_name=profile_name,
-                        scheduling=scheduling)
+    fleet = RoutedFleet(profile, endpoints, replicas=replicas, share_s=share_s, push_s=push_s,
+                        profile_name=profile_name, scheduling=scheduling)
     fleet.measure_from = warmup_s
     rng = random.Random(seed)
     at, index = 0.0, 0
