@@ -301,6 +301,8 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
                                                            fleet.slot if fleet is not None else None)
     if placements is not None:
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
+        if (push := placements.push) is not None:
+            metrics.request_push_failures.set_function(lambda: float(push.failures_total))
     if fleet is not None:
         parts.flow.replicas = lambda: fleet.replicas
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))

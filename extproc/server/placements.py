@@ -12,15 +12,17 @@ entries of the other replicas go to the plugins of the same name (`import_shared
 a new prefix within one interval both keep their placements: the prefix then has two homes, which the
 scorer spreads its requests over. A replica that starts reads the retained stream first (a batch per
 interval), so it knows the fleet's recent placements. Nothing here runs on the request path; a failed
-exchange is retried at the next interval with the placements it could not send (`SharedState.keep_unsent`: not
-the request lines below, whose age was fixed at export). Each exchange also tells the
+exchange is retried at the next interval with the placements it could not send (not the request lines below,
+whose age was fixed at export: after an outage they would replay as fresh). Each exchange also tells the
 plugins this replica's index among the live replicas (from the in-flight exchange, when it runs), so that they
 can divide work between the replicas (`SharedState.replica_slot`).
 
 The scorer also sends a line per request it routed, which the others replay (`extproc.scheduling.prefix_sent`):
-the prefill backlog a second home is chosen by is younger than 50 ms, so the default interval is 10 ms (virtual
-time, 3 replicas, uniform 80%: TTFT p90 48.8 ms at 10, 50.3 at 50, one replica 46.1; reports/i15-s16/mirror).
-Each line's age travels with it: its age at export plus its entry's age on the Redis server's clock.
+by default pushed as it is routed (`extproc.server.request_push`, which this exchange tells the plugins and the
+Redis server's clock), else with the next exchange. The prefill backlog a second home is chosen by is younger than
+50 ms: on the exchange, 3 replicas at uniform 80% in virtual time had TTFT p90 48.8 ms every 10 ms and 50.3 every
+50, one replica 46.1 (reports/i15-s16/mirror); pushed, within 1% of one replica (reports/i15-s17/vt). Each line's
+age travels with it: its age at export plus its entry's age on the Redis server's clock.
 """
 
 from __future__ import annotations

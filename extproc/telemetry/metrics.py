@@ -101,6 +101,9 @@ class GatewayMetrics:
         self.placement_sync_failures = Gauge(
             "extproc_scheduling_placement_sync_failures", "Failed exchanges of prefix placements with the other "
             "replicas so far (scheduling.placement_sync_ms)", registry=registry)
+        self.request_push_failures = Gauge(
+            "extproc_scheduling_request_push_failures", "Failed pushes or reads of routed requests between the "
+            "replicas so far (scheduling.push_requests)", registry=registry)
         self.store_primary_failures = Gauge(
             "extproc_limits_store_primary_failures", "Shared-store calls that failed or missed the deadline so far",
             registry=registry)
