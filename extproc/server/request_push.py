@@ -112,8 +112,9 @@ class RequestPush:
     async def read_once(self) -> int:
         """Wait (at most `block_s`) for the others' entries after the cursor and replay them; returns the lines
         learned."""
-        if self._cursor == "$" and self.server_offset_s is not None:  # from now on the server's clock
-            self._cursor = f"{int((self._clock() + self.server_offset_s) * 1000)}-0"
+        if self._cursor == "$" and self.server_offset_s is not None:  # from the server's clock now on (less a
+            # millisecond: "ms-0" is exclusive, and an entry added in the millisecond of the estimate would be missed)
+            self._cursor = f"{int((self._clock() + self.server_offset_s) * 1000) - 1}-0"
         reply = await self._reader.call_at(REQUESTS_KEY, "XREAD", "COUNT", _READ_BATCH, "BLOCK", self._block_ms,
                                            "STREAMS", REQUESTS_KEY, self._cursor)
         if not reply:

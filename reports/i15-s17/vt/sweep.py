@@ -1,4 +1,5 @@
-"""(session 17 copy: `%share_ms=N` sets the replicas' exchange interval (default 10); booleans take 1/0)
+"""(session 17 copy: `%share_ms=N` sets the replicas' exchange interval (default 10); `%push_ms=M` delivers the
+request lines (`~`) every M ms and the placements every N; booleans take 1/0)
 (session 16 copy: `%replicas=N` shares every 10 ms, the new default placement_sync_ms)
 (session 14 copy of reports/i15-s13/sweep.py: a variant's items `@NAME=value` set the module constant NAME of
 `extproc.scheduling.cache_life` for that run (e.g. `@SHRINK=0`); the others are prefix-affinity-scorer overrides)
@@ -59,6 +60,39 @@ def watched(self: kv_room.KvRoom, endpoints: Any, now: float) -> None:
 
 kv_room.KvRoom.check = watched  # type: ignore[method-assign]
 CONSTANTS = {k: v for k, v in vars(cache_life).items() if k.isupper() and isinstance(v, (int, float, bool))}
+SHARE = fleet_harness.RoutedFleet._share
+
+
+def pushed(placements_s: float) -> Any:
+    """A `RoutedFleet._share` run every push interval: request lines delivered at once, placements held until the
+    next multiple of `placements_s`."""
+    held: dict[int, list[dict[str, list[str]]]] = {}
+    due = [placements_s]
+
+    def share(self: Any, every_s: float) -> None:
+        exported = [{name: p.export_shared(self.time.now) for name, p in s.shared().items()} for s in self.schedulers]
+        deliver_all = self.time.now >= due[0] - 1e-9
+        if deliver_all:
+            due[0] += placements_s
+        for j, lines in enumerate(exported):
+            held.setdefault(j, []).append({n: [x for x in ls if not x.startswith("~")] for n, ls in lines.items()})
+        for i, scheduler in enumerate(self.schedulers):
+            for j, lines in enumerate(exported):
+                if i == j:
+                    continue
+                batches = [{n: [x for x in ls if x.startswith("~")] for n, ls in lines.items()}]
+                if deliver_all:
+                    batches = held[j] + batches
+                for batch in batches:
+                    for name, plugin in scheduler.shared().items():
+                        plugin.import_shared(batch.get(name, []), self.time.now)
+        if deliver_all:
+            held.clear()
+        self.time.call_later(every_s, lambda: share(self, every_s))
+
+    return share
+
+
 CREATE = prefix_affinity.create  # the unpatched factory: a worker process runs several variants in turn
 
 
@@ -70,7 +104,11 @@ def one(overrides: str, workload: str, seed: int) -> tuple[float, ...]:
     items = [item.split("=") for item in overrides.split(",") if item]
     replicas = int(dict(items).get("%replicas", "1"))  # service replicas sharing placements every %share_ms
     share_ms = float(dict(items).get("%share_ms", "10"))
+    push_ms = float(dict(items).get("%push_ms", "0"))
     items = [item for item in items if not item[0].startswith("%")]
+    fleet_harness.RoutedFleet._share = SHARE if not push_ms else pushed(share_ms / 1000)  # type: ignore[method-assign]
+    if push_ms:
+        share_ms = push_ms
     for name, value in CONSTANTS.items():
         setattr(cache_life, name, value)
     for name, value in items:

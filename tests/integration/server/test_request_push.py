@@ -80,8 +80,13 @@ async def test_pushed_entries_are_checked_and_their_age_counts(server: RedisServ
         await raw.xadd(REQUESTS_KEY, {"r": "x"})
         # A request read late (here: the reader's estimate of the server's clock 2 s ahead) is not replayed.
         late.push.server_offset_s = (late.push.server_offset_s or 0.0) + 2.0
+        entries = await raw.xlen(REQUESTS_KEY)
         route(sched_a, SYSTEM + " first", fleet(4))
-        await a.push.push_once()
+        await a.push.push_once()  # (posted: written at the end of this event-loop iteration)
+        for _ in range(100):
+            if await raw.xlen(REQUESTS_KEY) > entries:
+                break
+            await asyncio.sleep(0.01)
         assert await b.push.read_once() == 1 and backlog(sched_b) > 0  # past the bad ones, in one read
         assert await late.push.read_once() == 0 and backlog(sched_late) == 0
         assert 0 < await raw.pttl(REQUESTS_KEY) <= 60_000
