@@ -303,6 +303,8 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
         if (push := placements.push) is not None:
             metrics.request_push_failures.set_function(lambda: float(push.failures_total))
+    if fleet is not None and placements is not None and placements.interval_s == fleet.interval_s:
+        fleet.carry(placements)  # both every 10 ms by default: one wake-up per round
     if fleet is not None:
         parts.flow.replicas = lambda: fleet.replicas
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))

@@ -100,13 +100,23 @@ class ReplicaExchange:
         self.interval_s = interval_s
         self._loop = Periodic(self.WHAT, self._round, interval_s, log=_log, expected=(StoreUnavailable,),
                               sleep=sleep)
+        self._carried: list[ReplicaExchange] = []
+        self._carrier: ReplicaExchange | None = None
+
+    def carry(self, other: ReplicaExchange) -> None:
+        """Run `other`'s rounds with this one's, at this one's interval: one timer wake-up per round instead of
+        two (each replica exchanges every 10 ms). `other`'s own loop is then never started; its failures are
+        counted as before, and a round waits for both, so neither overlaps itself."""
+        self._carried.append(other)
+        other._carrier = self
 
     @property
     def failures_total(self) -> int:
         return self._loop.failures.failures_total
 
     async def start(self) -> None:
-        self._loop.start()
+        if self._carrier is None:
+            self._loop.start()
 
     async def stop(self) -> None:
         await self._loop.stop()
@@ -119,11 +129,18 @@ class ReplicaExchange:
         """After a failed exchange (Redis unreachable or late)."""
 
     async def _round(self) -> None:
+        carried = [asyncio.ensure_future(other.run_round()) for other in self._carried]
         try:
             await self.sync_once()
         except Exception:
             self._failed()
             raise
+        finally:
+            await asyncio.gather(*carried, return_exceptions=True)
+
+    async def run_round(self) -> bool:
+        """One round with this exchange's failure handling (never raises); True if it worked."""
+        return await self._loop.run_once()
 
 
 def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:
