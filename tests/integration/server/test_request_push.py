@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Callable
-
 import pytest
 from redis.asyncio import Redis
 
@@ -16,6 +12,7 @@ from extproc.server.placements import PlacementSync
 from extproc.server.request_push import REQUESTS_KEY, RequestPush
 from tests.integration.limits.redis_server import RedisServer
 from tests.integration.server.test_placements import SYSTEM, prefix_plugin, route
+from tests.support import eventually
 from tests.unit.scheduling.helpers import NOW, fleet
 
 pytestmark = pytest.mark.integration
@@ -33,11 +30,9 @@ def replica(server: RedisServer, name: str, interval_s: float = 30.0) -> tuple[P
     return sync, scheduler
 
 
-async def until(condition: Callable[[], bool], what: str | Callable[[], str], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, what if isinstance(what, str) else what()
-        await asyncio.sleep(0.01)
+
+async def _more(raw: Redis, entries: int) -> bool:
+    return bool(await raw.xlen(REQUESTS_KEY) > entries)
 
 
 def backlog(scheduler: Scheduler) -> float:
@@ -54,9 +49,14 @@ async def test_a_request_reaches_the_other_replica_before_the_next_exchange(serv
             await sync.start()
         route(sched_a, SYSTEM + " first", fleet(4))
         assert b.push is not None and a.push is not None
-        await until(lambda: b.push.learned_lines == 1,  # type: ignore[union-attr]
-                    lambda: f"b replays a's request (a pushed {a.push.pushed_lines} lines, "  # type: ignore[union-attr]
-                            f"{a.push.failures_total} failures; b {b.push.failures_total} failures)")  # type: ignore[union-attr]
+        push_a, push_b = a.push, b.push
+
+        def replayed() -> bool:
+            assert push_b.learned_lines == 1, (f"a pushed {push_a.pushed_lines} lines, {push_a.failures_total} "
+                                               f"failures; b {push_b.failures_total} failures")
+            return True
+
+        await eventually(replayed, "b replays a's request")
         assert backlog(sched_b) > 0
         assert a.push.pushed_lines == 1 and b.learned_lines == 0  # not by the exchange (next one in 30 s)
         assert a.push.learned_lines == 0  # a skips its own entry
@@ -83,10 +83,7 @@ async def test_pushed_entries_are_checked_and_their_age_counts(server: RedisServ
         entries = await raw.xlen(REQUESTS_KEY)
         route(sched_a, SYSTEM + " first", fleet(4))
         await a.push.push_once()  # (posted: written at the end of this event-loop iteration)
-        for _ in range(100):
-            if await raw.xlen(REQUESTS_KEY) > entries:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: _more(raw, entries), "a's XADD")
         assert await b.push.read_once() == 1 and backlog(sched_b) > 0  # past the bad ones, in one read
         assert await late.push.read_once() == 0 and backlog(sched_late) == 0
         assert 0 < await raw.pttl(REQUESTS_KEY) <= 60_000
@@ -102,16 +99,16 @@ async def test_pushes_resume_after_redis_comes_back(server: RedisServer) -> None
         for sync in (a, b):
             await sync.start()
         assert a.push is not None and b.push is not None
-        await until(lambda: b.push.server_offset_s is not None, "the first exchange")  # type: ignore[union-attr]
+        push_a, push_b = a.push, b.push
+        await eventually(lambda: push_b.server_offset_s is not None, "the first exchange")
         server.kill()
         route(sched_a, SYSTEM + " lost", fleet(4))  # its line is dropped: stale by the time Redis is back
-        await until(lambda: a.push.failures_total > 0 and b.push.failures_total > 0,  # type: ignore[union-attr]
-                    "both notice")
+        await eventually(lambda: push_a.failures_total > 0 and push_b.failures_total > 0, "both notice")
         server.start()
-        await until(lambda: a.sent_lines > 0, "a exchanges again (the placement kept through the outage)")
+        await eventually(lambda: a.sent_lines > 0, "a exchanges again (the placement kept through the outage)")
         route(sched_a, SYSTEM + " after", fleet(4))
-        await until(lambda: b.push.learned_lines >= 1, "b replays the request after the outage")  # type: ignore[union-attr]
-        assert b.push.learned_lines == 1  # not the one routed while Redis was down
+        await eventually(lambda: push_b.learned_lines >= 1, "b replays the request after the outage")
+        assert push_b.learned_lines == 1  # not the one routed while Redis was down
     finally:
         for sync in (a, b):
             await sync.stop()

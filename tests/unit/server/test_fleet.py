@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 from extproc.limits.types import StoreUnavailable
 from extproc.server.fleet import ReplicaExchange
+from tests.support import eventually
 
 
 class Client:
@@ -34,12 +34,6 @@ class Exchange(ReplicaExchange):
             self.running -= 1
 
 
-async def until(condition: object, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():  # type: ignore[operator]
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.005)
-
 
 async def test_a_carried_exchange_runs_with_the_carriers_rounds_only() -> None:
     carrier, carried = Exchange(0.002), Exchange(3600.0)  # (alone it would wait an hour for its first round)
@@ -47,7 +41,7 @@ async def test_a_carried_exchange_runs_with_the_carriers_rounds_only() -> None:
     await carried.start()  # a no-op: its rounds come with the carrier's
     await carrier.start()
     try:
-        await until(lambda: carried.rounds >= 5)
+        await eventually(lambda: carried.rounds >= 5, "rounds")
         assert abs(carrier.rounds - carried.rounds) <= 1
     finally:
         await carrier.stop()
@@ -59,12 +53,12 @@ async def test_each_counts_its_own_failures() -> None:
     carrier.carry(carried)
     await carrier.start()
     try:
-        await until(lambda: carrier.failures_total >= 3 and carried.rounds >= 3)
+        await eventually(lambda: carrier.failures_total >= 3 and carried.rounds >= 3, "rounds")
         assert carried.failures_total == 0
         carrier.fail, carried.fail = False, True
-        await until(lambda: carried.failures_total >= 3)
+        await eventually(lambda: carried.failures_total >= 3, "rounds")
         failures = carrier.failures_total
-        await until(lambda: carrier.rounds >= carried.failures_total + 3)
+        await eventually(lambda: carrier.rounds >= carried.failures_total + 3, "rounds")
         assert carrier.failures_total == failures  # it goes on working
     finally:
         await carrier.stop()
@@ -75,7 +69,7 @@ async def test_a_round_waits_for_the_carried_one() -> None:
     carrier.carry(carried)
     await carrier.start()
     try:
-        await until(lambda: carried.rounds >= 5)
+        await eventually(lambda: carried.rounds >= 5, "rounds")
         assert carried.most_running == 1 and carrier.rounds - carried.rounds <= 1  # never overlapping itself
     finally:
         await carrier.stop()
