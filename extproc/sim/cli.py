@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import signal
@@ -136,6 +137,10 @@ async def serve(fleet: Fleet, ready_file: Path | None, profile: Profile, park_fi
                 lora = ",".join(replica.spec.lora_adapters) or "-"
                 print(f"sim replica model={replica.spec.model} url={replica.url} profile={profile.name} "
                       f"lora={lora} chunk={replica.spec.stream_chunk_tokens}", flush=True)
+            # What startup built lives as long as the process: out of the collector's sight, so that a full
+            # collection walks only what requests allocate (~85,000 objects made each one a ~55-ms stop of
+            # every simulated engine, a tail no real engine has).
+            gc.freeze()
             if ready_file is not None:
                 _write_ready_file(ready_file, fleet.endpoints)
             await stop.wait()

@@ -91,7 +91,13 @@ class Output:
                 await self.send_message(call, response.SerializeToString())
             status, message = grpc.StatusCode.OK, ""
         except asyncio.CancelledError:
-            raise
+            if call.sending:  # not by `drop`: whoever cancelled the task waits for that
+                raise
+            # The stream is gone (drop cancelled us; Envoy resets every ext_proc stream as its exchange ends) and its
+            # cleanup ran: end without the error. A task that ends cancelled keeps its CancelledError, whose
+            # traceback holds the call's frames while the call holds the task: a cycle per stream that only the
+            # garbage collector frees (its full collections then stopped the service for ~100 ms).
+            return
         except Abort as abort:
             status, message = abort.code, abort.details
         except Exception:
