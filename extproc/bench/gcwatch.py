@@ -3,10 +3,10 @@ is reading, and a latency tail that comes from the load generator is not the sys
 
 from __future__ import annotations
 
-import gc
 import time
 from types import TracebackType
-from typing import Any
+
+from extproc.telemetry.gc_pauses import GcTimer
 
 __all__ = ["GcPauses"]
 
@@ -17,23 +17,20 @@ class GcPauses:
 
     def __init__(self) -> None:
         self.pauses: list[tuple[float, float, int]] = []
-        self._entered = self._began = 0.0
+        self._entered = 0.0
+        self._timer = GcTimer(self._record)
 
-    def _callback(self, phase: str, info: dict[str, Any]) -> None:
-        now = time.perf_counter()
-        if phase == "start":
-            self._began = now
-        else:
-            self.pauses.append((now - self._entered, (now - self._began) * 1000.0, int(info.get("generation", -1))))
+    def _record(self, generation: int, seconds: float, collected: int) -> None:
+        self.pauses.append((time.perf_counter() - seconds - self._entered, seconds * 1000.0, generation))
 
     def __enter__(self) -> GcPauses:
         self._entered = time.perf_counter()
-        gc.callbacks.append(self._callback)
+        self._timer.start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
                  trace: TracebackType | None) -> None:
-        gc.callbacks.remove(self._callback)
+        self._timer.stop()
 
     def longest(self, n: int = 3) -> list[dict[str, float]]:
         top = sorted(self.pauses, key=lambda p: -p[1])[:n]

@@ -35,6 +35,7 @@ from extproc.bench.envoy_timings import (
 from extproc.bench.flowstats import FlowCounts, flow_counts
 from extproc.bench.httpclient import HttpClient
 from extproc.bench.loadgen import RequestSpec, Sample, run_open_loop
+from extproc.bench.looplag import loop_lag
 from extproc.bench.overload import run_overload
 from extproc.bench.peers import PEERS, Peer, peer_summary, scrape_peer, start_peer, stop_peer
 from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
@@ -172,6 +173,7 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
         ours = peer is None and strategy not in ENVOY_STRATEGIES
         admin_ports = [admin for _, admin in stack.service_ports] if ours else []
         flow_before = await flow_counts(client, admin_ports)
+        lag_before = await loop_lag(client, admin_ports) if ours else None
         peer_before = await scrape_peer(client, peer) if peer is not None else {}
         delays_before = stack_run_delays(group) if plan.samples else {}
         cpu_before, self_before, t0 = group.cpu_seconds(), self_cpu_seconds(), time.perf_counter()
@@ -187,6 +189,7 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
         delays_after = stack_run_delays(group) if plan.samples else {}
         metrics_after = await scrape_metrics(client, addresses)
         flow: FlowCounts | None = (await flow_counts(client, admin_ports)) - flow_before if ours else None
+        lag = (await loop_lag(client, admin_ports)) - lag_before if lag_before is not None else None
         if plan.samples:
             where = plan.out / "samples" / f"{strategy}-q{rate:g}-s{seed}"
             write_run_delays(where, delays_before, delays_after, wall)
@@ -216,6 +219,8 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
     row[TTFTS] = ttfts_ms(samples)  # for percentiles pooled over the seeds (routing_pool.py)
     if flow is not None:
         row["flow"] = flow.as_dict()
+    if lag is not None:  # a tail the engines did not cause may be a stalled service loop (a collection, a CPU)
+        row["service_loop_lag"] = lag.summary()
     if peer_report is not None:
         row["peer"] = peer_report
     return row

@@ -37,7 +37,7 @@ TABLE: list[Column] = [
     ("ttft_p99_ms_range", "ttft99 range"), ("tpot_p50_ms", "tpot50"), ("tpot_p99_ms", "tpot99"),
     ("goodput_rps", "goodput"), ("engine_ttft_ms.p90", "eng90"), ("engine_ttft_ms.p99", "eng99"),
     ("spread_cv", "cv"), ("flow.queued", "fc_q"), ("flow.rejected", "fc_rej"),
-    ("peer_ok", "peer ok"), ("max_cores", "max_core"),
+    ("peer_ok", "peer ok"), ("max_cores", "max_core"), ("lag_max_ms", "lag max"),
 ]
 
 
@@ -101,6 +101,8 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         merged["cores"] = {name: round(statistics.median(m["cores"].get(name, 0.0) for m in members), 3)
                            for name in names}
         merged["max_cores"] = max((m.get("max_cores") or 0.0 for m in members), default=None)
+        lags = [lag for lag in (_get(m, "service_loop_lag.max_ms") for m in members) if lag is not None]
+        merged["lag_max_ms"] = max(lags) if lags else None
         checks = [m["peer"]["policy_check"]["ok"] for m in members if "peer" in m]
         merged["peer_ok"] = all(checks) if checks else None
         merged["saturated"] = sorted({name for m in members for name in m.get("saturated", [])})
@@ -172,7 +174,8 @@ def markdown(rows: Sequence[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
         "cv = coefficient of variation of requests per endpoint (worst pool); "
         "fc_q / fc_rej = requests flow control queued / refused; peer ok = the peer's own counters show its "
         f"policy decided; max_core = busiest process in cores (> {meta['saturation_limit_cores']} means the "
-        "result may be CPU-bound).\n",
+        "result may be CPU-bound); lag max = the service's longest event-loop stall in a measured run (ms, the "
+        "worst seed and replica: a garbage collection, a blocking call or a starved CPU shows here).\n",
     ]
     for load in dict.fromkeys(r.get("load") or r["qps"] for r in merged):
         at = [r for r in merged if (r.get("load") or r["qps"]) == load]

@@ -56,6 +56,7 @@ from extproc.server.tls import CertificateReloader
 from extproc.server.workers import worker_admin_port
 from extproc.telemetry import GatewayMetrics
 from extproc.telemetry.flow import FlowCollector
+from extproc.telemetry.gc_pauses import GcPauseCollector
 from extproc.telemetry.loop_lag import LoopLag
 from extproc.telemetry.pool_ttft import PoolTtftCollector
 from extproc.telemetry.pools import PoolCollector
@@ -105,6 +106,7 @@ class Service:
     processor: ExternalProcessorService | None = None
     lean: LeanServer | None = None  # service.front_end lean, once started
     loop_lag: LoopLag | None = None  # the event loop's own lag (/debug/loop, extproc_event_loop_lag_seconds)
+    gc_pauses: GcPauseCollector | None = None  # the collector's stops (extproc_gc_pause_seconds)
     worker: bool = False  # one of `serve --workers N`: connections aged out (workers.py)
     grpc_port: int = 0
     admin_port: int = 0
@@ -135,6 +137,8 @@ class Service:
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
         if self.loop_lag is not None:
             self.loop_lag.start()
+        if self.gc_pauses is not None:
+            self.gc_pauses.start()
         if self.grpc_server is not None:
             await self.grpc_server.start()
         await self.admin_runner.setup()
@@ -223,6 +227,8 @@ class Service:
         await self.admin_runner.cleanup()
         if self.loop_lag is not None:
             self.loop_lag.stop()
+        if self.gc_pauses is not None:
+            self.gc_pauses.stop()
         if self.tracer is not None:  # flushes spans still queued for export (blocking: off the loop)
             await asyncio.to_thread(self.tracer.shutdown)
 
@@ -320,6 +326,8 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         metrics.store_admissions.labels("awaited").set_function(lambda: float(slices.awaited_total))
         metrics.store_uncovered.set_function(lambda: float(slices.uncovered_total))
     service.loop_lag = LoopLag(metrics.event_loop_lag_seconds.observe)
+    service.gc_pauses = GcPauseCollector()
+    registry.register(service.gc_pauses)
     service.admin_runner = web.AppRunner(
         build_admin_app(registry, runtimes, service.ready, parts, rollouts,
                         read_token(policy.service.admin_token_file), redis.slices if redis is not None else None,

@@ -3,6 +3,7 @@ rollout endpoints, CSRF-safe POSTs, a rate-limited explain that never checks key
 
 from __future__ import annotations
 
+import gc
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -156,3 +157,26 @@ async def _ticked(state: Callable[[], Awaitable[dict[str, Any]]]) -> bool:
 async def _max_over(state: Callable[[], Awaitable[dict[str, Any]]], bound: float) -> dict[str, Any] | None:
     found = await state()
     return found if found["max_lag_s"] >= bound else None
+
+
+async def test_the_service_exports_its_garbage_collections(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    service = await start(tmp_path)  # runs in this test's process: its collections are the service's
+
+    async def collections() -> dict[str, float]:
+        async with http.get(f"http://127.0.0.1:{service.admin_port}/metrics") as response:
+            text = await response.text()
+        return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                if s.labels.get("generation") == "2" and s.name in (
+                    "extproc_gc_pause_seconds_count", "extproc_gc_collected_objects_total")}
+
+    try:
+        before = await collections()
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
+        gc.collect(2)
+        after = await collections()
+        assert after["extproc_gc_pause_seconds_count"] >= before["extproc_gc_pause_seconds_count"] + 1
+        assert after["extproc_gc_collected_objects_total"] >= before["extproc_gc_collected_objects_total"] + 1
+    finally:
+        await service.stop(grace_s=0)

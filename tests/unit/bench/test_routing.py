@@ -184,12 +184,15 @@ def test_reports_are_written(tmp_path: Path) -> None:
                 "cores": {"sim": 0.2, "service": 0.1}, "max_cores": 0.2, TTFTS: [30.0, p90, p90 * 2],
                 "cache": {"hit_tokens": hit * 100, "query_tokens": 100}, **extra}
 
-    rows = [row(0, 50.0, 0.9), row(1, 70.0, 0.8, errors=2), row(2, 60.0, 0.85, saturated=["sim"]),
+    rows = [row(0, 50.0, 0.9, service_loop_lag={"max_ms": 12.5}), row(1, 70.0, 0.8, errors=2,
+                                                                     service_loop_lag={"max_ms": 101.0}),
+            row(2, 60.0, 0.85, saturated=["sim"]),
             {"strategy": "random", "qps": 4.0, "load": 0.4, "seed": 0, "failed": "ChildExited: boom"}]
     merged = aggregate(rows)
     assert len(merged) == 1 and merged[0]["seeds"] == 3 and merged[0]["ttft_p90_ms"] == 60.0
     assert merged[0]["ttft_p90_ms_range"] == "50-70" and merged[0]["hit_rate"] == 0.85
     assert merged[0]["errors"] == 2 and merged[0]["saturated"] == ["sim"]
+    assert merged[0]["lag_max_ms"] == 101.0  # the worst seed's longest stall of the service's loop
     assert merged[0]["pooled"] == {"requests": 9, "hit_rate": 0.85, "ttft_p50_ms": 60.0, "ttft_p90_ms": 124.0,
                                    "ttft_p99_ms": 138.4}  # over the 9 requests of the 3 seeds
     assert series(merged, "ttft_p99_ms", " p99") == {"default p99": [(0.4, 120.0)]}
