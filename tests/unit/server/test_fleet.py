@@ -34,7 +34,6 @@ class Exchange(ReplicaExchange):
             self.running -= 1
 
 
-
 async def test_a_carried_exchange_runs_with_the_carriers_rounds_only() -> None:
     carrier, carried = Exchange(0.002), Exchange(3600.0)  # (alone it would wait an hour for its first round)
     carrier.carry(carried)
