@@ -93,11 +93,14 @@ class RedisStore:
         (the failover layer asks this while Redis is marked down)."""
         local = self.slices.take(request) if self.slices is not None else None
         if local is not None:
-            try:
-                await self._record(request)
-            except StoreUnavailable as exc:  # the claim covers it; Redis will not see the recording
-                self._posted_failed("record", str(exc))
+            await self._record_local(request)
         return local
+
+    async def _record_local(self, request: AdmitRequest) -> None:
+        try:
+            await self._record(request)
+        except StoreUnavailable as exc:  # the claim covers it; Redis will not see the recording
+            self._posted_failed("record", str(exc))
 
     async def _decide(self, request: AdmitRequest) -> AdmitResult:
         slices = self.slices
@@ -118,6 +121,14 @@ class RedisStore:
         result = decide(request, seen)
         if slices is not None and wants is not None:
             slices.decided(request, wants, result.states, granted)
+            if not result.admitted and KEEP in wants:
+                # Decided while another call replaced this replica's claim: Redis counted the new claim as
+                # used, and that call's reply (the new slice) came first on the connection. A request that
+                # fits in the slice is this replica's to admit, as if it had come a moment later.
+                local = slices.take(request, again=True)
+                if local is not None:
+                    await self._record_local(request)
+                    return local
         return result
 
     async def _record(self, request: AdmitRequest) -> None:

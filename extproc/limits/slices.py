@@ -49,22 +49,25 @@ class Slices:
         self.awaited_total = 0  # admissions decided by Redis
         self.uncovered_total = 0  # recordings whose claim Redis no longer had (expired or replaced)
 
-    def take(self, request: AdmitRequest) -> AdmitResult | None:
+    def take(self, request: AdmitRequest, again: bool = False) -> AdmitResult | None:
         """Count the request's demand; admit it from the slices if every dimension fits (and return
-        the result to answer with), else None: ask Redis."""
+        the result to answer with), else None: ask Redis. `again`: Redis refused it after `take` sent it
+        there (its demand is counted, it was awaited): admitted now, it counts as a slice admission."""
         now = request.now
         if now >= self._next_sweep:
             self._sweep(now)
         fits = True
         dims = self._dims(request)
         for _, entry, cost, _, _ in dims:
-            decay = math.exp(-max(0.0, now - entry.demand_at) / self.ttl_s)
-            entry.demand, entry.demand_at = entry.demand * decay + cost, now
+            if not again:
+                decay = math.exp(-max(0.0, now - entry.demand_at) / self.ttl_s)
+                entry.demand, entry.demand_at = entry.demand * decay + cost, now
             fits = fits and not entry.renewing and now < entry.until and entry.left + EPSILON >= cost
         if not fits:
-            self.awaited_total += 1
+            self.awaited_total += 0 if again else 1
             return None
         self.local_total += 1
+        self.awaited_total -= 1 if again else 0
         states = []
         for (name, key), entry, cost, limit, window_s in dims:
             entry.left -= cost

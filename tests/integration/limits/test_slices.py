@@ -194,3 +194,26 @@ async def test_three_replicas_bursting_at_three_times_a_budget_never_exceed_it(r
         for replica in replicas:
             await replica.close()
         await raw.aclose()
+
+
+async def test_a_burst_up_to_a_concurrency_limit_is_admitted_whole_while_the_slice_is_renewed(
+        redis_server: RedisServer) -> None:
+    """A renewal's new claim counts as used in Redis before its reply reaches the replica: the requests decided
+    meanwhile (keeping the claim) would be refused with the replica's own slice units free. Its reply comes
+    first on the connection, so they are admitted from the new slice instead; the limit still holds."""
+    prefix = f"s{next(_prefixes)}:"
+    tpm, conc = budget(1_000_000), ConcurrencyLimit("{t}:conc", limit=40)
+    store = sliced(redis_server, prefix)
+    raw = Redis.from_url(redis_server.url)
+    try:
+        await warm(store, tpm, 1, conc)  # two leases, and a slice
+        results = await asyncio.gather(*(store.admit(req(f"r{i}", 1, tpm, conc)) for i in range(38)))
+        assert [r.admitted for r in results] == [True] * 38
+        assert slices(store).local_total > 0 and slices(store).awaited_total > 2
+        assert not (await store.admit(req("one-too-many", 1, tpm, conc))).admitted
+        await store.ping()
+        assert await raw.zcard(f"{prefix}{conc.key}:cc") == 40
+        assert slices(store).uncovered_total == 0
+    finally:
+        await store.close()
+        await raw.aclose()
