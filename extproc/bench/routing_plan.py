@@ -48,6 +48,8 @@ from extproc.bench.routing_workloads import (
 )
 from extproc.bench.stack import SimPool, held_ports
 from extproc.config.schema import BUILTIN_PROFILES
+from extproc.endpoints.config import ScrapeConfig
+from extproc.flow.config import FlowControlConfig
 from extproc.scheduling.config import SchedulingConfig
 from extproc.sim.profile import load_profile
 
@@ -157,9 +159,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="service processes behind Envoy; with more than one they share a redis-server (limits "
                              "store, in-flight counts, prefix placements) (default 1)")
     parser.add_argument("--fleet-sync-ms", type=int, default=None,
-                        help="with --replicas > 1: flow_control.fleet_sync_ms (default: the policy's, 20; 0 = off)")
+                        help="with --replicas > 1: flow_control.fleet_sync_ms (default: the policy's, "
+                             f"{FlowControlConfig.model_fields['fleet_sync_ms'].default}; 0 = off)")
     parser.add_argument("--scrape-ms", type=int, default=None,
-                        help="scheduling.scrape.interval_ms of the service (default: the policy's, 100)")
+                        help="scheduling.scrape.interval_ms of the service (default: the policy's, "
+                             f"{ScrapeConfig.model_fields['interval_ms'].default})")
     parser.add_argument("--endpoints", type=int, default=None,
                         help="simulated vLLM replicas in total (default 8; overload: 4)")
     add_shape_options(parser)
