@@ -195,7 +195,7 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
                 "least-request and for our scheduling profiles, or through sglang-router / vllm-router; writes JSON, "
                 "Markdown and PNG plots."),
     "routing-suite": ("extproc.bench.routing_suite", "run_suite",
-                      "Every routing workload at 40% and 80% of capacity, ours vs the peer routers, with verdicts.",
+                      "Every routing workload at 40 and 80 percent of capacity, ours vs the peer routers, verdicts.",
                       "Runs bench routing for the uniform, Zipf, multi-turn, mixed and drift cases with every "
                       "strategy (ours, sglang-router, vllm-router, Envoy) over several seeds, then writes a summary "
                       "with one table per case and issue 15's acceptance verdicts."),
@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
                                   description="Canary rollouts through a service replica's admin API (the state is "
                                               "shared, so any replica will do).")
     rollout_commands = rollout.add_subparsers(dest="rollout_command", required=True, metavar="ACTION")
-    for action, text in (("status", "Show every rollout."), ("promote", "Move to the next step (--to-end: 100%)."),
+    for action, text in (("status", "Show every rollout."), ("promote", "Move to the next step (--to-end: the last)."),
                          ("pause", "Stop automatic promotion (a breach still rolls back)."),
                          ("resume", "Continue a paused rollout."), ("abort", "Send all traffic back to the baseline."),
                          ("restart", "Start the rollout again from its first step.")):

@@ -7,7 +7,8 @@ import pytest
 from extproc.cli import BENCHMARKS, main
 from extproc.tenants import hash_key
 
-COMMANDS = [["serve"], ["validate"], ["envoy", "render"], ["sim"], ["demo"], ["keys", "hash"], ["keys", "new"],
+COMMANDS = [[], ["bench"], ["envoy"], ["keys"], ["rollout"],
+            ["serve"], ["validate"], ["envoy", "render"], ["sim"], ["demo"], ["keys", "hash"], ["keys", "new"],
             ["rollout", "status"], ["rollout", "promote"], *(["bench", name] for name in BENCHMARKS)]
 
 
