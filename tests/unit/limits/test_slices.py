@@ -76,6 +76,25 @@ def test_while_a_renewal_is_in_flight_the_old_slice_is_not_used_and_others_keep_
     assert slices.take(req("f", tokens=300)) is not None
 
 
+def test_a_request_refused_while_the_claim_was_replaced_takes_the_new_slice_without_counting_twice() -> None:
+    slices = Slices("me")
+    awaited(slices, req("a"), 900, 0)
+    awaited(slices, req("b"), 800, 150)
+    first = req("c", tokens=200)
+    assert slices.take(first) is None
+    renewal = slices.wants(first)
+    kept = req("d", tokens=100)
+    assert slices.take(kept) is None and slices.wants(kept) == [KEEP]
+    counts = (slices.local_total, slices.awaited_total)
+    assert slices.take(kept, again=True) is None  # the renewal's reply has not come: still one awaited request
+    assert (slices.local_total, slices.awaited_total) == counts
+    slices.decided(first, renewal, states(first, 500), [300])
+    local = slices.take(kept, again=True)  # Redis refused it (counting the new claim): it fits the new slice
+    assert local is not None and local.admitted
+    assert (slices.local_total, slices.awaited_total) == (counts[0] + 1, counts[1] - 1)
+    assert slices.describe(NOW + 1)[0]["slice"] == 200.0
+
+
 def test_a_failed_renewal_leaves_no_slice_and_the_next_call_asks_again() -> None:
     slices = Slices("me")
     awaited(slices, req("a"), 900, 0)
