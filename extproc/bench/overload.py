@@ -85,10 +85,14 @@ def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None 
     }
     if redis_url is not None:  # several replicas: the shared store, through which they sync their in-flight
         policy["limits"] = {"store": "redis", "redis_url": redis_url}
-    if fleet_sync_ms is not None:
+    scheduling: dict[str, Any] = {}
+    if fleet_sync_ms is not None:  # both exchanges, one timer (as in routing.py)
         policy["flow_control"]["fleet_sync_ms"] = fleet_sync_ms
+        scheduling["placement_sync_ms"] = fleet_sync_ms
     if share is not None:  # strategy suffix +share / +noshare: whether the replicas share their endpoint scrapes
-        policy["scheduling"] = {"scrape": {"share": share}}
+        scheduling["scrape"] = {"share": share}
+    if scheduling:
+        policy["scheduling"] = scheduling
     return policy
 
 

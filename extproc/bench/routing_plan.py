@@ -159,7 +159,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="service processes behind Envoy; with more than one they share a redis-server (limits "
                              "store, in-flight counts, prefix placements) (default 1)")
     parser.add_argument("--fleet-sync-ms", type=int, default=None,
-                        help="with --replicas > 1: flow_control.fleet_sync_ms (default: the policy's, "
+                        help="with --replicas > 1: how often the replicas exchange in-flight counts and placements "
+                             "(flow_control.fleet_sync_ms and scheduling.placement_sync_ms; default: the policy's, "
                              f"{FlowControlConfig.model_fields['fleet_sync_ms'].default}; 0 = off)")
     parser.add_argument("--scrape-ms", type=int, default=None,
                         help="scheduling.scrape.interval_ms of the service (default: the policy's, "

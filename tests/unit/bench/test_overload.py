@@ -87,3 +87,15 @@ def test_the_share_suffixes_set_the_replicas_shared_scrapes() -> None:
     own = parse_policy(json.dumps({**overload._policy(True, url, share=False), "pools": pools}), "p.yaml")
     plain = parse_policy(json.dumps({**overload._policy(True, url), "pools": pools}), "p.yaml")
     assert plain.scheduling.scrape.share and not own.scheduling.scrape.share
+
+
+def test_fleet_sync_ms_sets_both_replica_exchanges_so_they_keep_one_timer() -> None:
+    from extproc.config import parse_policy
+
+    url = "redis://127.0.0.1:1/0"
+    pools = [{"name": "chat", "model": "m", "endpoints": ["127.0.0.1:9"]}]
+    slower = parse_policy(json.dumps({**overload._policy(True, url, 20, share=False), "pools": pools}), "p.yaml")
+    assert (slower.flow_control.fleet_sync_ms, slower.scheduling.placement_sync_ms) == (20, 20)
+    assert not slower.scheduling.scrape.share
+    plain = parse_policy(json.dumps({**overload._policy(True, url), "pools": pools}), "p.yaml")
+    assert plain.flow_control.fleet_sync_ms == plain.scheduling.placement_sync_ms == 10
