@@ -44,7 +44,15 @@ from extproc.bench.procs import ProcessGroup, self_cpu_seconds, start_redis
 from extproc.bench.report import ProgressPrinter, command_line, format_markdown_table, format_table, write_json
 from extproc.bench.routing_envoy import ENVOY_STRATEGIES, POOL_HEADER, start_envoy_only
 from extproc.bench.routing_metrics import engine_ttft, scrape_metrics
-from extproc.bench.routing_options import NOFLOW, NOSHARE, SHARE, shares_scrapes, split_strategy, strategy_flags
+from extproc.bench.routing_options import (
+    NOFLOW,
+    NOSHARE,
+    SHARE,
+    exchange_every,
+    shares_scrapes,
+    split_strategy,
+    strategy_flags,
+)
 from extproc.bench.stack import SimPool, Stack, free_ports, prepare, start_envoy, start_service, start_sim
 from extproc.flow import FlowControlConfig
 from extproc.sim.profile import BUILTIN_PROFILES, Profile
@@ -85,14 +93,10 @@ def _policy(flow: bool, redis_url: str | None = None, fleet_sync_ms: int | None 
     }
     if redis_url is not None:  # several replicas: the shared store, through which they sync their in-flight
         policy["limits"] = {"store": "redis", "redis_url": redis_url}
-    scheduling: dict[str, Any] = {}
-    if fleet_sync_ms is not None:  # both exchanges, one timer (as in routing.py)
-        policy["flow_control"]["fleet_sync_ms"] = fleet_sync_ms
-        scheduling["placement_sync_ms"] = fleet_sync_ms
+    if fleet_sync_ms is not None:
+        exchange_every(policy, fleet_sync_ms)
     if share is not None:  # strategy suffix +share / +noshare: whether the replicas share their endpoint scrapes
-        scheduling["scrape"] = {"share": share}
-    if scheduling:
-        policy["scheduling"] = scheduling
+        policy.setdefault("scheduling", {})["scrape"] = {"share": share}
     return policy
 
 

@@ -54,6 +54,7 @@ from extproc.bench.routing_options import (
     NOPUSH,
     body_mode,
     envoy_workers,
+    exchange_every,
     front_end,
     shares_scrapes,
     split_strategy,
@@ -112,10 +113,7 @@ async def _start(group: ProcessGroup, workdir: Path, plan: Plan, strategy: str, 
         await start_redis(group, port)
         shared["limits"] = {"store": "redis", "redis_url": f"redis://127.0.0.1:{port}/0"}
         if plan.fleet_sync_ms is not None:
-            # Both exchanges: at equal intervals the placement exchange rides the fleet exchange's timer (one
-            # wake-up per round); setting one alone would measure two timers instead of a slower exchange.
-            shared["flow_control"] = {"fleet_sync_ms": plan.fleet_sync_ms}
-            shared.setdefault("scheduling", {})["placement_sync_ms"] = plan.fleet_sync_ms
+            exchange_every(shared, plan.fleet_sync_ms)
     stack = prepare(workdir, pools, service_replicas=1 if alone else replicas, extra_policy=shared,
                     engine_ports=plan.engine_ports(seed))
     if not alone:

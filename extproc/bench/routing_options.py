@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Any
 
 from extproc.bench.routing_workloads import popularity_weights
 
 __all__ = [
     "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOPUSH", "NOSHARE", "SHARE", "STAGGER", "STREAMED",
     "PrefixShape",
-    "add_shape_options", "body_mode", "envoy_workers", "front_end", "parse_range", "service_replicas",
-    "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
+    "add_shape_options", "body_mode", "envoy_workers", "exchange_every", "front_end", "parse_range",
+    "service_replicas", "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
 ]
 
 # A strategy with this suffix runs our service with flow control off (`flow_control.enabled: false`); without
@@ -107,6 +108,14 @@ def shares_scrapes(strategy: str) -> bool | None:
     if SHARE in flags and NOSHARE in flags:
         raise ValueError(f"strategy {strategy!r}: {SHARE} and {NOSHARE} exclude each other")
     return True if SHARE in flags else False if NOSHARE in flags else None
+
+
+def exchange_every(policy: dict[str, Any], ms: int) -> None:
+    """Set `--fleet-sync-ms` in a policy document: the replicas' in-flight and placement exchanges both every `ms`
+    (at equal intervals the placement exchange rides the in-flight exchange's timer; setting one alone would
+    measure two timers, not a slower exchange)."""
+    policy.setdefault("flow_control", {})["fleet_sync_ms"] = ms
+    policy.setdefault("scheduling", {})["placement_sync_ms"] = ms
 
 
 def parse_range(text: str) -> tuple[int, int]:

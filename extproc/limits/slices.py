@@ -64,10 +64,12 @@ class Slices:
                 entry.demand, entry.demand_at = entry.demand * decay + cost, now
             fits = fits and not entry.renewing and now < entry.until and entry.left + EPSILON >= cost
         if not fits:
-            self.awaited_total += 0 if again else 1
+            if not again:
+                self.awaited_total += 1
             return None
+        if again:
+            self.awaited_total -= 1  # counted when Redis was asked; admitted from the slice after all
         self.local_total += 1
-        self.awaited_total -= 1 if again else 0
         states = []
         for (name, key), entry, cost, limit, window_s in dims:
             entry.left -= cost
