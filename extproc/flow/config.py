@@ -53,6 +53,8 @@ class FlowControlConfig(Strict):
     # (until session 11): a replica holds requests while another's completion freed a seat until it hears of it; at
     # 0.9x with 3 replicas that cost standard/sheddable +8%/+6% TTFT p99 at 20 ms, +2%/+2% at 10 ms (virtual time,
     # 12 seeds pooled); an exchange costs ~60 us of the replica's CPU and ~40 us of Redis' (reports/i13-s11).
+    # Checked again in session 20 with shared scrapes: sheddable p99 189.9 vs 169.2 ms at 20 vs 10 ms, while
+    # 20 ms cut each replica's CPU ~15% and Redis' ~25% (reports/i15-s20).
     fleet_sync_ms: int = Field(default=10, ge=0, le=10_000)
 
     @model_validator(mode="before")
