@@ -12,7 +12,8 @@ next to `default`. Then `<out>/README.md` gathers one table per case and the ver
   pooled over the seeds (routing_pool.py: a seed's p99 is a handful of requests, so the median of seed p99s is
   one seed's handful); the seeds' medians and ranges are printed next to each verdict;
 - Zipf 1.1 at 80%: our TTFT p90 <= 1/5 of sglang-router's;
-- `default@3` within 5 points of hit rate and 10% of TTFT p90 of `default` (uniform, multi-turn).
+- `default@3` within 5 points of hit rate and 10% of TTFT p90 of `default` (uniform, multi-turn); the engines' own
+  p90 ratio (from their TTFT histograms) is printed next to it: how much of the ratio is routing, not the path.
 """
 
 from __future__ import annotations
@@ -131,6 +132,13 @@ def _compare(ours: Mapping[str, Any], best: Mapping[str, Any], key: str, what: s
     return f"{verdict} ({best['strategy']}; seed medians {_seeds(ours, key)} vs {_seeds(best, key)})"
 
 
+def _engines_ratio(replicated: Mapping[str, Any], ours: Mapping[str, Any]) -> str:
+    """The engines' own TTFT p90 (their histograms: no proxy path, no CPU contention on it) of the replicated run over
+    one replica's, for the record next to the verdict: what of the ratio is routing rather than the request path."""
+    theirs, mine = ((row.get("engine_ttft_ms") or {}).get("p90") for row in (replicated, ours))
+    return f" (engines' own p90 x{theirs / mine:.2f})" if theirs and mine else ""
+
+
 def verdicts(case: str, summary: Sequence[Mapping[str, Any]]) -> list[str]:
     """Issue 15's acceptance per load, on TTFT percentiles and hit rate pooled over the seeds (`pooled` of each
     summary row, routing_pool.py): a row without them (a results.json from before pooling) is not judged."""
@@ -162,7 +170,7 @@ def verdicts(case: str, summary: Sequence[Mapping[str, Any]]) -> list[str]:
             p90_ratio = _pooled(replicated, "ttft_p90_ms") / p90 if p90 else float("inf")
             ok = hit - their_hit <= 0.05 and p90_ratio <= 1.10
             parts.append(f"{'PASS' if ok else 'FAIL'} {REPLICATED}: hit {their_hit:g} (-{hit - their_hit:.3f}), "
-                         f"p90 x{p90_ratio:.2f}")
+                         f"p90 x{p90_ratio:.2f}{_engines_ratio(replicated, ours)}")
         if skipped:
             parts.append(f"peers whose policy was not in effect (excluded): {', '.join(skipped)}")
         lines.append(f"- {where}: " + "; ".join(parts))

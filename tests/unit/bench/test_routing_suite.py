@@ -37,7 +37,11 @@ def test_verdicts_compare_ours_with_the_best_peer_in_effect() -> None:
     assert "PASS p90 50 <= 52 (sglang-cache-aware; seed medians 50.0 [48-55] vs 52.0 [50-53])" in line
     assert "FAIL p99 90 > 85" in line  # even though our best seed (80) beat their worst (95)
     assert "PASS hit 0.9 vs 0.91" in line and "excluded): vllm-router-cache-aware" in line
-    assert "PASS default@3: hit 0.88 (-0.020), p90 x1.08" in line
+    assert "PASS default@3: hit 0.88 (-0.020), p90 x1.08" in line and "engines' own" not in line
+    summary[0]["engine_ttft_ms"] = {"p90": 40.0}
+    summary[4]["engine_ttft_ms"] = {"p90": 41.0}
+    (line,) = verdicts("uniform", summary)
+    assert "PASS default@3: hit 0.88 (-0.020), p90 x1.08 (engines' own p90 x1.02)" in line
     summary[0] = row("default", 60.0, 130.0, 0.85, p90_range="58-62", p99_range="120-140")
     summary[4] = row("default@3", 70.0, 130.0, 0.84)
     (line,) = verdicts("uniform", summary)
