@@ -35,7 +35,7 @@ from extproc.server.access_log import AccessLogService
 from extproc.server.admin import build_admin_app
 from extproc.server.calibration_sync import CalibrationSync
 from extproc.server.engines import build_adapter_manager, build_sleep_manager
-from extproc.server.fleet import FleetSync
+from extproc.server.fleet import FleetSync, carried_every
 from extproc.server.front_ends import grpc_options, grpcio_server, lean_server
 from extproc.server.grpc_auth import read_token
 from extproc.server.h2 import LeanServer
@@ -309,8 +309,8 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         metrics.placement_sync_failures.set_function(lambda: float(placements.failures_total))
         if (push := placements.push) is not None:
             metrics.request_push_failures.set_function(lambda: float(push.failures_total))
-    if fleet is not None and placements is not None and placements.interval_s == fleet.interval_s:
-        fleet.carry(placements)  # both every 10 ms by default: one wake-up per round
+    if fleet is not None and placements is not None and (every := carried_every(fleet, placements)):
+        fleet.carry(placements, every)  # every 10 and 20 ms by default: one wake-up per round
     if fleet is not None:
         parts.flow.replicas = lambda: fleet.replicas
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))

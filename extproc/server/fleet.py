@@ -35,7 +35,7 @@ from extproc.limits.types import StoreUnavailable
 from extproc.periodic import Periodic
 from extproc.server.scrape_share import SCRAPES_SUFFIX, ScrapeShare
 
-__all__ = ["FLEET_KEY", "FleetSync", "exchange", "parse_counts", "replica_name"]
+__all__ = ["FLEET_KEY", "FleetSync", "carried_every", "exchange", "parse_counts", "replica_name"]
 
 _log = logging.getLogger(__name__)
 
@@ -100,14 +100,18 @@ class ReplicaExchange:
         self.interval_s = interval_s
         self._loop = Periodic(self.WHAT, self._round, interval_s, log=_log, expected=(StoreUnavailable,),
                               sleep=sleep)
-        self._carried: list[ReplicaExchange] = []
+        self._carried: list[tuple[ReplicaExchange, int]] = []  # (exchange, runs every that many rounds)
         self._carrier: ReplicaExchange | None = None
+        self._rounds = 0
 
-    def carry(self, other: ReplicaExchange) -> None:
-        """Run `other`'s rounds with this one's, at this one's interval: one timer wake-up per round instead of
-        two (each replica exchanges every 10 ms). `other`'s own loop is then never started; its failures are
-        counted as before, and a round waits for both, so neither overlaps itself."""
-        self._carried.append(other)
+    def carry(self, other: ReplicaExchange, every: int = 1) -> None:
+        """Run `other`'s rounds with every `every`-th of this one's: one timer wake-up per round instead of two
+        (the in-flight exchange every 10 ms carries the placement exchange every 20). `other`'s own loop is then
+        never started; its failures are counted as before, and a round waits for both, so neither overlaps
+        itself. The first round carries it."""
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        self._carried.append((other, every))
         other._carrier = self
 
     @property
@@ -129,7 +133,8 @@ class ReplicaExchange:
         """After a failed exchange (Redis unreachable or late)."""
 
     async def _round(self) -> None:
-        carried = [asyncio.ensure_future(other.run_round()) for other in self._carried]
+        rounds, self._rounds = self._rounds, self._rounds + 1
+        carried = [asyncio.ensure_future(other.run_round()) for other, every in self._carried if rounds % every == 0]
         try:
             await self.sync_once()
         except Exception:
@@ -141,6 +146,15 @@ class ReplicaExchange:
     async def run_round(self) -> bool:
         """One round with this exchange's failure handling (never raises); True if it worked."""
         return await self._loop.run_once()
+
+
+def carried_every(carrier: ReplicaExchange, other: ReplicaExchange) -> int:
+    """N when `other`'s interval is N times `carrier`'s (N >= 1): `carrier` can run it with every N-th round
+    (`ReplicaExchange.carry`); 0 when it is not a whole multiple, and each keeps its own timer."""
+    if carrier.interval_s <= 0 or other.interval_s < carrier.interval_s:
+        return 0
+    every = round(other.interval_s / carrier.interval_s)
+    return every if abs(every * carrier.interval_s - other.interval_s) < 1e-9 else 0
 
 
 def parse_counts(value: bytes | str) -> tuple[float, dict[str, int]]:

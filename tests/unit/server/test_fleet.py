@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from extproc.limits.types import StoreUnavailable
-from extproc.server.fleet import ReplicaExchange
+from extproc.server.fleet import ReplicaExchange, carried_every
 from tests.support import eventually
 
 
@@ -73,3 +75,27 @@ async def test_a_round_waits_for_the_carried_one() -> None:
     finally:
         await carrier.stop()
     assert carried.running == 0  # stopping the carrier ends the carried round too
+
+
+async def test_a_slower_exchange_rides_every_nth_round() -> None:
+    carrier, carried = Exchange(0.002), Exchange(0.004)
+    carrier.carry(carried, carried_every(carrier, carried))
+    await carrier.start()
+    try:
+        await eventually(lambda: carrier.rounds >= 12, "rounds")
+    finally:
+        await carrier.stop()
+    # The first round and every second one after it (stopping may cut the last round of either short).
+    assert carrier.rounds // 2 <= carried.rounds <= carrier.rounds // 2 + 1
+
+
+@pytest.mark.parametrize(("carrier_s", "other_s", "every"), [
+    (0.01, 0.01, 1), (0.01, 0.02, 2), (0.01, 0.03, 3), (0.01, 0.015, 0), (0.02, 0.01, 0), (0.0, 0.02, 0)])
+def test_an_exchange_is_carried_only_at_a_whole_multiple_of_the_carriers_interval(
+        carrier_s: float, other_s: float, every: int) -> None:
+    assert carried_every(Exchange(carrier_s), Exchange(other_s)) == every
+
+
+def test_carrying_every_zeroth_round_is_refused() -> None:
+    with pytest.raises(ValueError, match="every"):
+        Exchange(0.01).carry(Exchange(0.01), 0)
