@@ -1,4 +1,5 @@
-"""(session 20 copy of reports/i15-s17/vt/sweep.py, unchanged: the pair load gate at 40%)
+"""(session 20 copy of reports/i15-s17/vt/sweep.py: `%push_ms=M` now passes `push_s` to the harness, which pushes
+request lines itself since session 17, instead of patching `RoutedFleet._share`; the pair load gate at 40%)
 (session 17 copy: `%share_ms=N` sets the replicas' exchange interval (default 10); `%push_ms=M` delivers the
 request lines (`~`) every M ms and the placements every N; booleans take 1/0)
 (session 16 copy: `%replicas=N` shares every 10 ms, the new default placement_sync_ms)
@@ -107,9 +108,6 @@ def one(overrides: str, workload: str, seed: int) -> tuple[float, ...]:
     share_ms = float(dict(items).get("%share_ms", "10"))
     push_ms = float(dict(items).get("%push_ms", "0"))
     items = [item for item in items if not item[0].startswith("%")]
-    fleet_harness.RoutedFleet._share = SHARE if not push_ms else pushed(share_ms / 1000)  # type: ignore[method-assign]
-    if push_ms:
-        share_ms = push_ms
     for name, value in CONSTANTS.items():
         setattr(cache_life, name, value)
     for name, value in items:
@@ -137,7 +135,8 @@ def one(overrides: str, workload: str, seed: int) -> tuple[float, ...]:
     GATE.clear()
     r = run(shared.next_spec, rate, endpoints=8, kv_blocks=kv_blocks_for(shared.prefix_working_set_tokens["chat"], 8),
             warmup_s=WARMUP_S, duration_s=DURATION_S, seed=seed, replicas=replicas,
-            share_s=share_ms / 1000 if replicas > 1 else None)
+            share_s=share_ms / 1000 if replicas > 1 else None,
+            push_s=push_ms / 1000 if replicas > 1 and push_ms else None)
     return (r.hit_rate, r.ttft_percentile(90) * 1e3, r.ttft_percentile(99) * 1e3, r.ttft_percentile(50) * 1e3,
             r.cold, *gate())
 
