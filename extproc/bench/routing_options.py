@@ -119,7 +119,7 @@ PLACEMENTS_PER_FLEET_ROUNDS = (SchedulingConfig.model_fields["placement_sync_ms"
 
 def exchange_every(policy: dict[str, Any], ms: int) -> None:
     """Set `--fleet-sync-ms` in a policy document: the replicas' in-flight exchange every `ms`, the placement
-    exchange at the defaults' ratio to it (every other round: it rides the in-flight exchange's timer at a whole
+    exchange at the defaults' ratio to it (1 today: it rides the in-flight exchange's timer at a whole
     multiple of its interval; setting one alone could measure two timers, not a slower exchange)."""
     policy.setdefault("flow_control", {})["fleet_sync_ms"] = ms
     policy.setdefault("scheduling", {})["placement_sync_ms"] = ms * PLACEMENTS_PER_FLEET_ROUNDS

@@ -162,8 +162,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fleet-sync-ms", type=int, default=None,
                         help="with --replicas > 1: how often the replicas exchange in-flight counts "
                              "(flow_control.fleet_sync_ms; default: the policy's, "
-                             f"{FlowControlConfig.model_fields['fleet_sync_ms'].default}; 0 = off); placements "
-                             f"every {PLACEMENTS_PER_FLEET_ROUNDS} of those (scheduling.placement_sync_ms)")
+                             f"{FlowControlConfig.model_fields['fleet_sync_ms'].default}; 0 = off); placements with "
+                             f"every {PLACEMENTS_PER_FLEET_ROUNDS}. round of it, as by default "
+                             "(scheduling.placement_sync_ms)")
     parser.add_argument("--scrape-ms", type=int, default=None,
                         help="scheduling.scrape.interval_ms of the service (default: the policy's, "
                              f"{ScrapeConfig.model_fields['interval_ms'].default})")

@@ -42,7 +42,7 @@ class SchedulingConfig(Strict):
     plugins: tuple[PluginConfig, ...] = ()
     profiles: tuple[ProfileConfig, ...] = ()
     scrape: ScrapeConfig = ScrapeConfig()
-    placement_sync_ms: int = Field(default=20, ge=0, le=10_000,
+    placement_sync_ms: int = Field(default=10, ge=0, le=10_000,
                                    description="with limits.store redis: how often service replicas exchange where "
                                                "they placed prompt prefixes and the requests they routed "
                                                "(extproc/server/placements.py); 0 = never")

@@ -310,7 +310,7 @@ def build_service(policy: Policy, policy_path: Path | None = None, worker: tuple
         if (push := placements.push) is not None:
             metrics.request_push_failures.set_function(lambda: float(push.failures_total))
     if fleet is not None and placements is not None and (every := carried_every(fleet, placements)):
-        fleet.carry(placements, every)  # every 10 and 20 ms by default: one wake-up per round
+        fleet.carry(placements, every)  # both every 10 ms by default: one wake-up per round
     if fleet is not None:
         parts.flow.replicas = lambda: fleet.replicas
         metrics.fleet_replicas.set_function(lambda: float(fleet.replicas))

@@ -106,7 +106,7 @@ class ReplicaExchange:
 
     def carry(self, other: ReplicaExchange, every: int = 1) -> None:
         """Run `other`'s rounds with every `every`-th of this one's: one timer wake-up per round instead of two
-        (the in-flight exchange every 10 ms carries the placement exchange every 20). `other`'s own loop is then
+        (e.g. an in-flight exchange every 10 ms carries a placement exchange every 20). `other`'s own loop is then
         never started; its failures are counted as before, and a round waits for both, so neither overlaps
         itself. The first round carries it."""
         if every < 1:

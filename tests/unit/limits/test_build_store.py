@@ -88,7 +88,7 @@ async def test_replicas_share_prompt_calibration_through_the_limits_redis(
 
 
 @pytest.mark.parametrize(("limits", "scheduling", "interval_s"), [
-    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {}, 0.02),
+    ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {}, 0.01),
     ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"placement_sync_ms": 200}, 0.2),
     ({"store": "redis", "redis_url": "redis://127.0.0.1:1/0"}, {"placement_sync_ms": 0}, None),
     ({}, {}, None),  # one replica's memory store: nobody to share with
