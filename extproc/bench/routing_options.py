@@ -8,12 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from extproc.bench.routing_workloads import popularity_weights
-from extproc.flow.config import FlowControlConfig
-from extproc.scheduling.config import SchedulingConfig
 
 __all__ = [
-    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOPUSH", "NOSHARE", "PLACEMENTS_PER_FLEET_ROUNDS", "SHARE",
-    "STAGGER", "STREAMED", "PrefixShape",
+    "BUFFERED", "ENVOY2", "GRPCIO", "LEAN", "NOFLOW", "NOPUSH", "NOSHARE", "SHARE", "STAGGER", "STREAMED",
+    "PrefixShape",
     "add_shape_options", "body_mode", "envoy_workers", "exchange_every", "front_end", "parse_range",
     "service_replicas", "shares_scrapes", "split_strategy", "staggers_scrapes", "strategy_flags",
 ]
@@ -112,17 +110,12 @@ def shares_scrapes(strategy: str) -> bool | None:
     return True if SHARE in flags else False if NOSHARE in flags else None
 
 
-# The defaults' ratio: the placement exchange runs with every PLACEMENTS_PER_FLEET_ROUNDS-th in-flight exchange.
-PLACEMENTS_PER_FLEET_ROUNDS = (SchedulingConfig.model_fields["placement_sync_ms"].default
-                               // FlowControlConfig.model_fields["fleet_sync_ms"].default)
-
-
 def exchange_every(policy: dict[str, Any], ms: int) -> None:
-    """Set `--fleet-sync-ms` in a policy document: the replicas' in-flight exchange every `ms`, the placement
-    exchange at the defaults' ratio to it (1 today: it rides the in-flight exchange's timer at a whole
-    multiple of its interval; setting one alone could measure two timers, not a slower exchange)."""
+    """Set `--fleet-sync-ms` in a policy document: the replicas' in-flight and placement exchanges both every `ms`
+    (at equal intervals the placement exchange rides the in-flight exchange's timer; setting one alone would
+    measure two timers, not a slower exchange)."""
     policy.setdefault("flow_control", {})["fleet_sync_ms"] = ms
-    policy.setdefault("scheduling", {})["placement_sync_ms"] = ms * PLACEMENTS_PER_FLEET_ROUNDS
+    policy.setdefault("scheduling", {})["placement_sync_ms"] = ms
 
 
 def parse_range(text: str) -> tuple[int, int]:

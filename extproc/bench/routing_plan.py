@@ -29,7 +29,6 @@ from extproc.bench.routing_options import (
     GRPCIO,
     LEAN,
     NOFLOW,
-    PLACEMENTS_PER_FLEET_ROUNDS,
     SHARE,
     STREAMED,
     SUFFIXES,
@@ -160,11 +159,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="service processes behind Envoy; with more than one they share a redis-server (limits "
                              "store, in-flight counts, prefix placements) (default 1)")
     parser.add_argument("--fleet-sync-ms", type=int, default=None,
-                        help="with --replicas > 1: how often the replicas exchange in-flight counts "
-                             "(flow_control.fleet_sync_ms; default: the policy's, "
-                             f"{FlowControlConfig.model_fields['fleet_sync_ms'].default}; 0 = off); placements with "
-                             f"every {PLACEMENTS_PER_FLEET_ROUNDS}. round of it, as by default "
-                             "(scheduling.placement_sync_ms)")
+                        help="with --replicas > 1: how often the replicas exchange in-flight counts and placements "
+                             "(flow_control.fleet_sync_ms and scheduling.placement_sync_ms; default: the policy's, "
+                             f"{FlowControlConfig.model_fields['fleet_sync_ms'].default}; 0 = off)")
     parser.add_argument("--scrape-ms", type=int, default=None,
                         help="scheduling.scrape.interval_ms of the service (default: the policy's, "
                              f"{ScrapeConfig.model_fields['interval_ms'].default})")

@@ -95,7 +95,6 @@ def test_fleet_sync_ms_sets_both_replica_exchanges_so_they_keep_one_timer() -> N
     url = "redis://127.0.0.1:1/0"
     pools = [{"name": "chat", "model": "m", "endpoints": ["127.0.0.1:9"]}]
     slower = parse_policy(json.dumps({**overload._policy(True, url, 20, share=False), "pools": pools}), "p.yaml")
-    # The placements at the defaults' ratio (1: every in-flight round), on its timer.
     assert (slower.flow_control.fleet_sync_ms, slower.scheduling.placement_sync_ms) == (20, 20)
     assert not slower.scheduling.scrape.share
     plain = parse_policy(json.dumps({**overload._policy(True, url), "pools": pools}), "p.yaml")
