@@ -18,6 +18,9 @@ DEFAULT_MAX_BLOCKS = 256
 DEFAULT_MEMO_BYTES = 8 << 20
 MIN_CUT_BLOCKS = 8
 CUT_DEPTH = 3
+# How far from its end a prompt longer than its chain is searched for the last message's start (a search of the
+# whole rest of a 200 KB prompt costs ~65 us, 16 KB ~5 us; a question after a long document is found at once).
+LAST_MESSAGE_CHARS = 16_384
 
 
 def prefix_blocks(text: str, block_chars: int = DEFAULT_BLOCK_CHARS,
@@ -47,7 +50,10 @@ class PrefixChains:
     prompt: 60 -> 21 us per request, reports/i15-s11). Same hashes as `prefix_blocks`, always.
 
     Where a prompt may be cut: before each of its last `CUT_DEPTH` messages (`separator` starts a message), rounded
-    down to a whole block. The longest cut remembered is used; the cut before the last message is remembered. A
+    down to a whole block; and, when the chain ends (`max_blocks`) before the last message starts (within
+    `LAST_MESSAGE_CHARS` of the prompt's end), at its end (a long document or history followed by a new question:
+    the whole chain, nothing hashed). The longest cut
+    remembered is used; the longest cut is remembered. A
     chain is remembered under its text's exact bytes: a hit is the same text, never a likely one (a hostile prompt
     can only miss). ASCII prompts only (others are cut on characters); at most `max_bytes` of text held, least
     recently used out."""
@@ -73,6 +79,8 @@ class PrefixChains:
         data = text[:usable].encode()
         cuts: list[int] = []
         end = usable
+        if len(text) > usable and text.rfind(self.separator, max(usable, len(text) - LAST_MESSAGE_CHARS)) >= 0:
+            cuts.append(usable)  # the chain stops inside an earlier message: the next turn's chain is this one
         while len(cuts) < CUT_DEPTH and (end := text.rfind(self.separator, 0, end)) >= shortest:
             cuts.append(end // block * block)
         chains = self._chains

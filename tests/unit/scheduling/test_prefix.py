@@ -69,6 +69,20 @@ def test_chains_reuse_a_shared_system_prompt_and_a_growing_conversation() -> Non
     assert 0 < chains.held <= len(system) + 20 + len(third)  # two cuts remembered: the system prompt, the history
 
 
+def test_a_chain_ending_inside_an_earlier_message_is_remembered_whole() -> None:
+    """A document longer than the chain (`max_blocks`) and then a question: the next question reuses the whole
+    chain (before, only a cut before the last message counted, and here it lies past the chain's end)."""
+    chains = PrefixChains(SEP)
+    document = "a long shared document line. " * 800  # ~23 KB: the chain (256 blocks of 64) ends inside it
+    first = _chat("You are a reader.", document, "first question? " * 10)
+    assert chains(first) == prefix_blocks(first) and chains.hits == 0
+    assert chains.held == len(prefix_blocks(first)) * 64  # the whole chain's text, under one key
+    second = _chat("You are a reader.", document, "a different question " * 10)
+    assert chains(second) == prefix_blocks(second) and chains.hits == 1
+    alone = _chat("You are a reader.", document)  # the document is the last message: no next turn to wait for
+    assert chains(alone) == prefix_blocks(alone) and chains.hits == 1
+
+
 @settings(max_examples=300, deadline=None)
 @given(messages=st.lists(st.text(st.sampled_from("ab <|\n"), max_size=300), min_size=1, max_size=6),
        others=st.lists(st.text(st.sampled_from("ab <|\n\u00e9"), max_size=300), max_size=3),
