@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from extproc.bench.cpu_split import CpuSplit, parse_split
 from extproc.bench.flowstats import flow_counts
 from extproc.bench.gcwatch import GcPauses
 from extproc.bench.httpclient import HttpClient, RequestError
@@ -205,6 +206,9 @@ async def run_point(strategy: str, load: float, capacity: float, args: argparse.
     envoy_only = strategy in ENVOY_STRATEGIES
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
         stack = await _start(group, workdir, strategy, endpoints, sim_args, args.replicas, args.fleet_sync_ms)
+        split: CpuSplit | None = getattr(args, "cpu_split", None)
+        if split is not None:
+            split.pin(group.children)
         specs = _spec_factory(seed, strategy in ENVOY_STRATEGIES)
         warm = await run_open_loop("127.0.0.1", stack.envoy_port, lambda i: specs(1_000_000 + i),
                                    rate=WARMUP_LOAD * capacity, duration_s=args.warmup, seed=seed + 7,
@@ -303,6 +307,14 @@ async def run_overload(args: argparse.Namespace) -> int:
               f"{NOFLOW} and one of {SHARE} / {NOSHARE} optionally "
               f"(got {bad}); --loads must be positive", file=sys.stderr)
         return 2
+    try:
+        args.cpu_split = parse_split(getattr(args, "isolate", "off"))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.cpu_split is not None:
+        args.cpu_split.pin_harness()
+        print(args.cpu_split.describe(), file=sys.stderr)
     profile = BUILTIN_PROFILES["h100-8b"]
     mean_output = MAX_TOKENS * (1 + profile.min_output_fraction) / 2
     capacity = args.capacity or capacity_rps(profile, endpoints, prompt_tokens(args.seed), mean_output)
@@ -344,7 +356,8 @@ async def run_overload(args: argparse.Namespace) -> int:
     meta = {"endpoints": endpoints, "service_replicas": args.replicas, "capacity_rps": round(capacity, 2),
             "loads": loads, "duration_s": args.duration,
             "slo_ttft_s": args.slo_ttft, "mix": [vars(d) for d in MIX], "class_max_wait_s": classes,
-            "seed": args.seed, "seeds": list(seeds), "workdir": str(workdir), "command": command_line()}
+            "seed": args.seed, "seeds": list(seeds), "workdir": str(workdir), "command": command_line(),
+            "cpus": args.cpu_split.describe() if args.cpu_split is not None else "shared by every process"}
     paths = [write_json(out / "results.json", {"meta": meta, "rows": rows, "pooled": pool, "verdicts": summary})]
     markdown = (f"## Overload benchmark\n\nCommand: `{meta['command']}`\n\n{json.dumps(meta)}\n\n"
                 + (f"Pooled over seeds {list(seeds)} (percentiles of every seed's requests together):\n\n"

@@ -161,6 +161,8 @@ async def _run_point(plan: Plan, strategy: str, rate: float, load: float | None,
     workdir = plan.workdir / f"s{seed}-{strategy}-q{rate:g}"
     async with ProcessGroup(workdir / "logs") as group, HttpClient() as client:
         stack, peer = await _start(group, workdir, plan, strategy, seed)
+        if plan.isolate is not None:
+            plan.isolate.pin(group.children)
         next_spec = plan.workload_for(seed, rate).next_spec
         if strategy in ENVOY_STRATEGIES:
             next_spec = _with_pool_header(next_spec)
@@ -262,6 +264,7 @@ def _meta(plan: Plan, args: argparse.Namespace, wall: float) -> dict[str, Any]:
         "isolation": "fresh stack (simulator, service, Envoy) per point: cold caches, no carried-over state",
         "pools": [dataclasses.asdict(p) for p in plan.layout.pools], "workdir": str(plan.workdir),
         "command": _command(args), "scheduling": plan.scheduling,
+        "cpus": plan.isolate.describe() if plan.isolate is not None else "shared by every process",
     }
 
 
@@ -273,6 +276,9 @@ async def run_routing(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    if plan.isolate is not None:  # the load generator (this process) with the harness; children are pinned per point
+        plan.isolate.pin_harness()
+        print(plan.isolate.describe(), file=sys.stderr)
     started = time.perf_counter()
     print(f"workload {plan.workload}: {len(plan.strategies)} strategies x {len(plan.rates)} rates x "
           f"{len(plan.seeds)} seeds, {plan.warmup_s:g}+{plan.duration_s:g} s per point; capacity "

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from extproc.bench.agents import agents_and_chats_workload, agents_workload
+from extproc.bench.cpu_split import CpuSplit, parse_split
 from extproc.bench.overload import DEFAULT_LOADS as OVERLOAD_LOADS
 from extproc.bench.overload import DEFAULT_STRATEGIES as OVERLOAD_STRATEGIES
 from extproc.bench.peers import PEERS
@@ -59,6 +60,7 @@ __all__ = ["BASE_PROFILE", "DEFAULT_STRATEGIES", "WORKLOADS", "Layout", "Plan", 
 DEFAULT_STRATEGIES = "envoy-round-robin,envoy-least-request,default"
 WORKLOADS = ("shared-prefix", "multi-turn", "agents", "agents+chat", "mixed", "mixed-models", "drift", "overload")
 DEFAULT_LOADS = "0.4,0.8"
+ISOLATE_DEFAULT = "off"  # --isolate
 # Workloads whose capacity is not measured (bodies other than chat completions), with their default rates.
 QPS_ONLY = {"agents": "8,24,48", "agents+chat": "8,24,48"}
 CHAT_MODEL = "llama-3.1-8b-instruct"
@@ -188,6 +190,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="YAML with `plugins:` and `profiles:` added to the service's `scheduling:` section "
                              "(variants of a profile to compare in one run, e.g. a plugin parameter changed); "
                              "--strategies may name its profiles, with the same suffixes as a built-in one")
+    parser.add_argument("--isolate", default=ISOLATE_DEFAULT, metavar="auto|off|CPUS",
+                        help="CPUs of the system under test (Envoy, our service replicas and their Redis, or a peer "
+                             "router) apart from the harness's (simulated engines, load generator), as a deployment "
+                             "has them: 'auto' = the first half of the usable CPUs (none with one CPU), a CPU list "
+                             "such as 0 or 0-3 = those, the rest to the harness; 'off' = all share all "
+                             "(default %(default)s)")
     parser.add_argument("--samples", action="store_true",
                         help="also write, per point, every measured request (start, TTFT, end, endpoint, cached "
                              "tokens, labels) as JSON lines and the service replicas' and simulators' /metrics "
@@ -219,6 +227,7 @@ class Plan:
     scheduling: dict[str, Any] = field(default_factory=dict)  # --scheduling: extra plugins and profiles
     scrape_ms: int | None = None  # --scrape-ms
     samples: bool = False  # --samples: every request's outcome and the processes' /metrics after each point
+    isolate: CpuSplit | None = None  # --isolate: the system under test's CPUs and the harness's
     # Per seed, the simulated engines' ports, the same for every strategy of the seed (`engine_ports`).
     ports_by_seed: dict[int, list[int]] = field(default_factory=dict, init=False, repr=False)
 
@@ -334,4 +343,5 @@ def make_plan(args: argparse.Namespace) -> Plan:
                 capacity.describe() if capacity else {"rps": None, "rule": "not measured", "pools": {}}, out,
                 workdir, profile_path, args.stream_chunk_tokens, args.replicas,
                 args.fleet_sync_ms, 0.5 if args.slo_ttft is None else args.slo_ttft, args.client_timeout,
-                scheduling, getattr(args, "scrape_ms", None), bool(getattr(args, "samples", False)))
+                scheduling, getattr(args, "scrape_ms", None), bool(getattr(args, "samples", False)),
+                parse_split(getattr(args, "isolate", "off")))

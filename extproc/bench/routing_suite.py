@@ -30,6 +30,7 @@ from typing import Any
 from extproc.bench.peers import PEERS
 from extproc.bench.report import format_markdown_table
 from extproc.bench.routing import run_routing
+from extproc.bench.routing_plan import ISOLATE_DEFAULT
 from extproc.bench.routing_plan import configure as configure_routing
 
 __all__ = ["CASES", "configure", "run_suite", "verdicts"]
@@ -83,6 +84,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--samples", action="store_true",
                         help="also write every measured request and the processes' /metrics per point under "
                              "<out>/<case>/samples/ (see extproc bench routing --help; for diagnosis)")
+    parser.add_argument("--isolate", default=ISOLATE_DEFAULT, metavar="auto|off|CPUS",
+                        help="the system under test's CPUs apart from the harness's (see extproc bench routing "
+                             "--help) (default %(default)s)")
     parser.add_argument("--out", default="reports/routing", help="report directory (default %(default)s)")
     parser.add_argument("--summary-only", action="store_true",
                         help="run nothing: rebuild <out>/README.md from the cases' results.json")
@@ -95,6 +99,7 @@ def _case_args(case: Case, args: argparse.Namespace, out: Path) -> argparse.Name
     argv = ["--workload", case.workload, *case.options, "--strategies", strategies, "--loads", args.loads,
             "--repeat", str(args.repeat), "--duration", f"{args.duration:g}", "--warmup", f"{args.warmup:g}",
             "--stream-chunk-tokens", str(args.stream_chunk_tokens), "--out", str(out / case.name),
+            "--isolate", args.isolate,
             *(("--scheduling", args.scheduling) if args.scheduling else ()), *(("--samples",) if args.samples else ())]
     parsed = parser.parse_args(argv)
     parsed.command = "extproc bench routing " + " ".join(argv)

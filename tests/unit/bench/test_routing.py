@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -50,6 +51,13 @@ def test_plan_defaults_and_quick(tmp_path: Path) -> None:
                                             "--strategies", "default,default@3"))
     assert repeated.seeds == (4, 5, 6)
     assert [repeated.service_replicas(s) for s in repeated.strategies] == [2, 3]
+    assert plan.isolate is None  # --isolate off by default: every process shares every CPU
+    usable = sorted(os.sched_getaffinity(0))
+    if len(usable) >= 2:
+        split = routing_plan.make_plan(_args(tmp_path, *SMALL, "--isolate", str(usable[0]))).isolate
+        assert split is not None and split.system == {usable[0]} and split.harness == set(usable[1:])
+    with pytest.raises(ValueError, match="leaves no CPU for the harness"):
+        routing_plan.make_plan(_args(tmp_path, *SMALL, "--isolate", ",".join(map(str, usable))))
 
 
 def test_every_strategy_of_a_seed_runs_on_the_same_engine_ports(tmp_path: Path,

@@ -122,7 +122,7 @@ def test_rows_without_pooled_figures_are_not_judged_on_medians() -> None:
 
 def test_case_arguments_and_summary(tmp_path: Path) -> None:
     args = argparse.Namespace(strategies="default,sglang-cache-aware", loads="0.4,0.8", repeat=2, duration=10.0,
-                              warmup=2.0, stream_chunk_tokens=16, scheduling=None, samples=False)
+                              warmup=2.0, stream_chunk_tokens=16, scheduling=None, samples=False, isolate="off")
     uniform = next(c for c in CASES if c.name == "uniform")
     parsed = routing_suite._case_args(uniform, args, tmp_path)
     assert parsed.strategies == "default,sglang-cache-aware,default@3" and parsed.workload == "shared-prefix"
@@ -134,6 +134,10 @@ def test_case_arguments_and_summary(tmp_path: Path) -> None:
     args.scheduling = "variants.yaml"  # extra profiles reach every case
     assert routing_suite._case_args(uniform, args, tmp_path).scheduling == "variants.yaml"
     args.scheduling = None
+    assert parsed.isolate == "off"
+    args.isolate = "0"  # the CPU split reaches every case
+    assert routing_suite._case_args(uniform, args, tmp_path).isolate == "0"
+    args.isolate = "off"
     assert parsed.command.startswith("extproc bench routing --workload shared-prefix --groups 48")
     assert routing_suite._case_args(next(c for c in CASES if c.name == "mixed"), args, tmp_path).strategies == \
         "default,sglang-cache-aware"
