@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from extproc.limits.redis_address import Address, RedisTls
-from extproc.limits.resp import Arg, Posted, Redirected, RespClient, Script
+from extproc.limits.resp import Arg, Posted, Redirected, RespClient, Script, ScriptCall
 from extproc.limits.types import StoreUnavailable
 
 __all__ = ["ClusterClient", "RedisClient", "hash_tag", "key_slot", "redis_client"]
@@ -58,6 +58,10 @@ class ClusterClient:
         self._refresh: asyncio.Task[None] | None = None
         self._refreshed_at = float("-inf")
 
+    @property
+    def timeout_s(self) -> float:
+        return self._timeout_s
+
     async def call(self, *args: Arg) -> Any:
         """A command on its key's node (`args[1]`), or, without a key (PING), on every node."""
         if len(args) > 1:
@@ -72,6 +76,17 @@ class ClusterClient:
     async def evalsha(self, script: Script, keys: Sequence[Arg], args: Sequence[Arg],
                       timeout_s: float | None = None) -> Any:
         return await self._routed(keys[0], lambda node: node.evalsha(script, keys, args, timeout_s))
+
+    async def evalsha_batch(self, calls: Sequence[ScriptCall], timeout_s: float | None = None) -> list[Any]:
+        """`RespClient.evalsha_batch`, but each call on its first key's node, concurrently (keys of different
+        slots may live on different nodes): per call its reply or the `StoreUnavailable` it failed with."""
+        async def one(script: Script, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+            try:
+                return await self.evalsha(script, keys, args, timeout_s)
+            except StoreUnavailable as exc:
+                return exc
+
+        return list(await asyncio.gather(*(one(*call) for call in calls)))
 
     async def post(self, op: str, *args: Arg) -> None:
         await self._node_for(args[1]).post(op, *args)

@@ -48,13 +48,15 @@ from extproc.limits.resp_connection import (
     Posted,
     Redirected,
     Script,
+    ScriptCall,
     expire,
+    expire_all,
     is_redirection,
     pack,
 )
 from extproc.limits.types import StoreTimeout, StoreUnavailable
 
-__all__ = ["Address", "Arg", "Posted", "Redirected", "RespClient", "Script"]
+__all__ = ["Address", "Arg", "Posted", "Redirected", "RespClient", "Script", "ScriptCall"]
 
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 0.5
@@ -79,6 +81,11 @@ class RespClient:
         self._backoff_s = _BACKOFF_FIRST_S
         self.posted_failures: dict[str, int] = {}  # operation -> posted calls that failed
 
+    @property
+    def timeout_s(self) -> float:
+        """How long a call waits for its reply by default."""
+        return self._timeout_s
+
     # --- calls ----------------------------------------------------------------------------------
 
     async def call(self, *args: Arg) -> Any:
@@ -97,6 +104,43 @@ class RespClient:
             return await self._call(pack(("EVALSHA", script.sha, len(keys), *keys, *args)), timeout_s)
         except NoScript:
             return await self._call(pack(("EVAL", script.body, len(keys), *keys, *args)), timeout_s)
+
+    async def evalsha_batch(self, calls: Sequence[ScriptCall], timeout_s: float | None = None) -> list[Any]:
+        """Several scripts written in one system call (pipelined; their replies come in order, usually in one
+        read), each waited for at most `timeout_s`: per call its reply, or the `StoreUnavailable` it failed with
+        (every call's, when there is no connection to send them on)."""
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        try:
+            conn = await self._ready(timeout_s)
+        except StoreUnavailable as exc:
+            return [exc] * len(calls)
+        loop = asyncio.get_running_loop()
+        waiters: list[asyncio.Future[Any]] = [loop.create_future() for _ in calls]
+        conn.send_many([pack(("EVALSHA", script.sha, len(keys), *keys, *args)) for script, keys, args in calls],
+                       waiters)
+        expiry = loop.call_later(timeout_s, expire_all, waiters)
+        results: list[Any] = []
+        try:
+            for (script, keys, args), waiter in zip(calls, waiters, strict=True):
+                try:
+                    results.append(self._interpret(await waiter))
+                except Expired:
+                    self._drop_if_stale(conn)
+                    results.append(StoreTimeout(f"redis: no reply within {timeout_s * 1000:g} ms"))
+                except NoScript:
+                    try:
+                        results.append(await self._call(pack(("EVAL", script.body, len(keys), *keys, *args)),
+                                                        timeout_s))
+                    except StoreUnavailable as exc:
+                        results.append(exc)
+                except StoreUnavailable as exc:
+                    results.append(exc)
+        except asyncio.CancelledError:
+            self._drop_if_stale(conn)
+            raise
+        finally:
+            expiry.cancel()
+        return results
 
     async def post(self, op: str, *args: Arg) -> None:
         """Write one command without waiting for its reply (see the module docstring)."""
@@ -172,6 +216,11 @@ class RespClient:
             raise
         finally:
             expiry.cancel()
+        return self._interpret(reply)
+
+    @staticmethod
+    def _interpret(reply: Any) -> Any:
+        """A reply, or the exception its error stands for."""
         if isinstance(reply, hiredis.ReplyError):
             message = str(reply)
             if message.startswith(NOSCRIPT):

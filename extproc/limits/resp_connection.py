@@ -9,7 +9,7 @@ import asyncio
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -63,6 +63,15 @@ def expire(waiter: asyncio.Future[Any]) -> None:
         waiter.set_exception(Expired())
 
 
+def expire_all(waiters: Sequence[asyncio.Future[Any]]) -> None:
+    for waiter in waiters:
+        expire(waiter)
+
+
+# One script call: the script, its keys, its arguments (`RespClient.evalsha_batch`).
+ScriptCall = tuple[Script, Sequence[Arg], Sequence[Arg]]
+
+
 class Posted:
     """A posted call in the FIFO: its operation name, its command (to send again: EVAL on NOSCRIPT, or to
     another node on MOVED/ASK), its script if it is an EVALSHA (cleared once retried with EVAL), and who
@@ -112,6 +121,14 @@ class Connection(asyncio.Protocol):
             self._flush()
         else:
             transport.write(command)
+
+    def send_many(self, commands: Sequence[bytes], waiters: Sequence[asyncio.Future[Any]]) -> None:
+        """Write `commands` now in one system call (after any posted commands not written yet); replies resolve
+        `waiters` in order."""
+        for waiter in waiters:
+            self._enqueue(waiter)
+        self._unsent.extend(commands)
+        self._flush()
 
     def post(self, command: bytes, posted: Posted) -> None:
         """Write `command` with the next write, at the latest at the end of this event loop iteration:

@@ -25,17 +25,19 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Any
 
 from extproc.aio import Sleep
 from extproc.endpoints import EndpointRegistry
 from extproc.limits.cluster import RedisClient
-from extproc.limits.resp import Script
+from extproc.limits.resp import Arg, Script, ScriptCall
 from extproc.limits.types import StoreUnavailable
 from extproc.periodic import Periodic
 from extproc.server.scrape_share import SCRAPES_SUFFIX, ScrapeShare
 
-__all__ = ["FLEET_KEY", "FleetSync", "carried_every", "exchange", "parse_counts", "replica_name"]
+__all__ = ["FLEET_KEY", "FleetSync", "carried_every", "exchange", "exchange_call", "other_fields", "parse_counts",
+           "replica_name"]
 
 _log = logging.getLogger(__name__)
 
@@ -64,18 +66,20 @@ return fresh
 """)
 
 
-async def exchange(client: RedisClient, key: str, replica_id: str, value: str, now: float,
-                   stale_after_s: float, extra: tuple[str, str] | None = None) -> dict[str, bytes]:
-    """Publish `value` ("<wall time> ...") as this replica's field of hash `key` (and `extra`, a second field
-    and value of this replica, also starting with the time); return the other fields not older than
-    `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
+def exchange_call(key: str, replica_id: str, value: str, now: float, stale_after_s: float,
+                  extra: tuple[str, str] | None = None) -> ScriptCall:
+    """The script call that publishes `value` ("<wall time> ...") as this replica's field of hash `key` (and
+    `extra`, a second field and value of this replica, also starting with the time) and returns every field not
+    older than `stale_after_s` (older fields are deleted; the hash expires when nobody writes)."""
     ttl_ms = max(1000, int(stale_after_s * 2000))
-    cutoff = f"{now - stale_after_s:.3f}"
-    args: list[str | int] = [replica_id, value, ttl_ms, cutoff]
+    args: list[Arg] = [replica_id, value, ttl_ms, f"{now - stale_after_s:.3f}"]
     if extra is not None:
         args += extra
-    reply = await client.evalsha(_EXCHANGE, [key], args)
-    own = {replica_id, extra[0] if extra is not None else replica_id}
+    return _EXCHANGE, [key], args
+
+
+def other_fields(reply: Any, own: Collection[str]) -> dict[str, bytes]:
+    """An exchange's reply (field, value, ...) without this replica's `own` fields."""
     found: dict[str, bytes] = {}
     for i in range(0, len(reply) - 1, 2):
         field = reply[i].decode()
@@ -84,13 +88,21 @@ async def exchange(client: RedisClient, key: str, replica_id: str, value: str, n
     return found
 
 
+async def exchange(client: RedisClient, key: str, replica_id: str, value: str, now: float,
+                   stale_after_s: float) -> dict[str, bytes]:
+    """Publish `value` as this replica's field of hash `key`; the other fields not older than `stale_after_s`."""
+    return other_fields(await client.evalsha(*exchange_call(key, replica_id, value, now, stale_after_s)),
+                        (replica_id,))
+
+
 def replica_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 class ReplicaExchange:
-    """Runs `sync_once` every `interval_s` (a `Periodic`) on its own Redis connection. A failed exchange is
-    counted (`failures_total`), logged once per state change (and the recovery), and never ends the loop."""
+    """Runs a round every `interval_s` (a `Periodic`) on its own Redis connection: `request` builds its script
+    call, `settle` takes the reply in (`sync_once`: both). A failed exchange is counted (`failures_total`), logged
+    once per state change (and the recovery), and never ends the loop."""
 
     SCRIPTS = (_EXCHANGE,)  # what the client must load (`exchange` runs it)
     WHAT = "replica exchange"  # for task names and log lines
@@ -106,9 +118,9 @@ class ReplicaExchange:
 
     def carry(self, other: ReplicaExchange, every: int = 1) -> None:
         """Run `other`'s rounds with every `every`-th of this one's: one timer wake-up per round instead of two
-        (e.g. an in-flight exchange every 10 ms carries a placement exchange every 20). `other`'s own loop is then
-        never started; its failures are counted as before, and a round waits for both, so neither overlaps
-        itself. The first round carries it."""
+        (e.g. an in-flight exchange every 10 ms carries a placement exchange every 20), and both script calls in
+        one write on this exchange's connection. `other`'s own loop is then never started; its failures are
+        counted as before, and a round waits for both, so neither overlaps itself. The first round carries it."""
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         self._carried.append((other, every))
@@ -126,22 +138,68 @@ class ReplicaExchange:
         await self._loop.stop()
         await self._client.close()
 
-    async def sync_once(self) -> object:
+    def request(self) -> ScriptCall:
+        """This round's script call (an exchange that `carry`s another or is carried builds its round this way)."""
         raise NotImplementedError
+
+    def settle(self, reply: Any) -> None:
+        """Take this round's reply in."""
+        raise NotImplementedError
+
+    async def sync_once(self) -> object:
+        """One round alone, on this exchange's own connection."""
+        self.settle(await self._client.evalsha(*self.request()))
+        return None
 
     def _failed(self) -> None:
         """After a failed exchange (Redis unreachable or late)."""
 
     async def _round(self) -> None:
         rounds, self._rounds = self._rounds, self._rounds + 1
-        carried = [asyncio.ensure_future(other.run_round()) for other, every in self._carried if rounds % every == 0]
+        due = [other for other, every in self._carried if rounds % every == 0]
         try:
-            await self.sync_once()
+            if due:
+                await self._together(due)
+            else:
+                await self.sync_once()
         except Exception:
             self._failed()
             raise
-        finally:
-            await asyncio.gather(*carried, return_exceptions=True)
+
+    async def _together(self, due: list[ReplicaExchange]) -> None:
+        """This round and the carried exchanges' in one write on this connection (their script calls pipelined:
+        one system call, their replies usually in one read); each carried one settles (or fails) as a round of
+        its own."""
+        carried = [(other, call) for other in due if (call := other._prepare()) is not None]
+        calls = [self.request(), *(call for _, call in carried)]
+        # Each waits as long as it would alone (the placements read more than the in-flight counts).
+        replies = await self._client.evalsha_batch(calls, max(e._client.timeout_s for e in (self, *due)))
+        for (other, _), reply in zip(carried, replies[1:], strict=True):
+            await other._settled(reply)
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        self.settle(replies[0])
+
+    def _prepare(self) -> ScriptCall | None:
+        """A carried round's call, or None when building it failed (counted as a failed round of this one)."""
+        try:
+            return self.request()
+        except Exception as exc:
+            self._loop.failures.failed(f"{type(exc).__name__}: {exc}", exc)
+            return None
+
+    async def _settled(self, reply: Any) -> None:
+        """A carried round's end: its reply taken in, or its failure counted and handled as in a round alone."""
+        async def work() -> None:
+            try:
+                if isinstance(reply, Exception):
+                    raise reply
+                self.settle(reply)
+            except Exception:
+                self._failed()
+                raise
+
+        await self._loop.run_once(work)
 
     async def run_round(self) -> bool:
         """One round with this exchange's failure handling (never raises); True if it worked."""
@@ -184,16 +242,23 @@ class FleetSync(ReplicaExchange):
         self._others: dict[str, tuple[float, dict[str, int]]] = {}  # replica -> (time, counts)
         self.syncs_total = 0
         self.replicas = 1  # replicas heard from within stale_after_s, this one included
+        self._asked_at = 0.0  # the wall time the round in progress was built at
 
-    async def sync_once(self) -> None:
-        """Publish this replica's counts, read the others', update every endpoint's `others_in_flight`."""
+    def request(self) -> ScriptCall:
+        """Publish this replica's counts (and scrapes), read the others'."""
         now = self._clock()
         mine = " ".join(f"{ep.address} {ep.in_flight}" for ep in self._endpoints.endpoints() if ep.in_flight > 0)
         value = f"{now:.3f} {mine}" if mine else f"{now:.3f}"
         share = self.scrapes
         published = share.payload(now, self._stale_after_s) if share is not None else None
         extra = (share.field, published) if share is not None and published is not None else None
-        values = await exchange(self._client, FLEET_KEY, self.replica_id, value, now, self._stale_after_s, extra)
+        self._asked_at = now
+        return exchange_call(FLEET_KEY, self.replica_id, value, now, self._stale_after_s, extra)
+
+    def settle(self, reply: Any) -> None:
+        """The others' counts (and scrapes): every endpoint's `others_in_flight` updated."""
+        now, share = self._asked_at, self.scrapes
+        values = other_fields(reply, (self.replica_id, share.field if share is not None else self.replica_id))
         others: dict[str, tuple[float, dict[str, int]]] = {}
         scrapes: dict[str, bytes] = {}
         for field, raw in values.items():

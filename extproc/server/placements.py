@@ -8,7 +8,9 @@ conversation's next turn, decided by another replica, would not find the endpoin
 Every `scheduling.placement_sync_ms` each replica appends what its plugins placed since the last exchange
 (`SharedState.export_shared`: text lines per plugin name) to one Redis stream (`PLACEMENTS_KEY`, trimmed to
 about `STREAM_LIMIT` entries) and reads, in the same script call, every entry after the last one it read;
-entries of the other replicas go to the plugins of the same name (`import_shared`). Two replicas that place
+entries of the other replicas go to the plugins of the same name (`import_shared`). With the in-flight exchange on
+(`extproc.server.fleet`, the default with Redis) this call goes in the same write as its round (`carry`): one
+system call and one reply read per round for both. Two replicas that place
 a new prefix within one interval both keep their placements: the prefix then has two homes, which the
 scorer spreads its requests over. A replica that starts reads the retained stream first (a batch per
 interval), so it knows the fleet's recent placements. Nothing here runs on the request path; a failed
@@ -31,9 +33,10 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from extproc.limits.cluster import RedisClient
-from extproc.limits.resp import Script
+from extproc.limits.resp import Script, ScriptCall
 from extproc.scheduling import Scheduler
 from extproc.server.fleet import ReplicaExchange, replica_name
 from extproc.server.request_push import RequestPush
@@ -96,6 +99,7 @@ class PlacementSync(ReplicaExchange):
         self._cursor = "0-0"
         self._unsent: dict[str, list[str]] = {}  # placements a failed exchange could not send
         self.push = push
+        self._sending = 0  # lines in the script call of the round in progress
         self.sent_lines = 0
         self.learned_lines = 0
 
@@ -110,7 +114,8 @@ class PlacementSync(ReplicaExchange):
             await self.push.stop()
         await super().stop()
 
-    async def sync_once(self) -> None:
+    def request(self) -> ScriptCall:
+        """Append what the plugins placed since the last exchange; read the entries after the last one read."""
         slot = self._slot() if self._slot is not None else None
         plugins, now = self._scheduler().shared(), self._clock()
         if self.push is not None:
@@ -126,10 +131,14 @@ class PlacementSync(ReplicaExchange):
             # is fixed at export: after an outage they would replay as fresh).
             sent[name] = lines + (source.export_perishable(now) if self.push is None else [])
         sent = {name: lines for name, lines in sent.items() if lines}
+        self._sending = sum(len(lines) for lines in sent.values())
         payload = json.dumps(sent, separators=(",", ":")) if sent else ""
-        reply = await self._client.evalsha(_EXCHANGE, [PLACEMENTS_KEY], [
-            self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS])
-        self.sent_lines += sum(len(lines) for lines in sent.values())
+        return _EXCHANGE, [PLACEMENTS_KEY], [
+            self.replica_id, payload, STREAM_LIMIT, self._cursor, _READ_BATCH, _KEY_TTL_MS]
+
+    def settle(self, reply: Any) -> None:
+        """The placements sent are kept; the other replicas' entries go to the plugins of the same name."""
+        self.sent_lines += self._sending
         self._unsent = {}
         self._cursor = reply[0].decode()
         server_ms, now = int(reply[1]), self._clock()

@@ -21,10 +21,12 @@ from extproc.limits import (
     RedisStore,
     Reservation,
     StoreTimeout,
+    StoreUnavailable,
 )
 from extproc.limits import TokenBudget as Budget
 from extproc.limits._rules import window_index
-from extproc.limits.cluster import key_slot
+from extproc.limits.cluster import key_slot, redis_client
+from extproc.limits.resp import Script
 from extproc.limits.slices import Slices
 from extproc.rollout import PoolWindow, RedisRolloutStore, RolloutState
 from tests.integration.limits.redis_cluster import RedisCluster
@@ -194,3 +196,25 @@ async def test_rollout_state_lives_on_the_cluster_too(cluster: RedisCluster) -> 
     finally:
         await writer.close()
         await reader.close()
+
+
+async def test_a_batch_of_scripts_follows_each_first_keys_slot(cluster: RedisCluster) -> None:
+    """The replicas' exchanges write their script calls together (`evalsha_batch`); on a cluster each goes to its
+    key's primary (the fleet hash and the placements stream hash to different slots)."""
+    keys: dict[str, str] = {}
+    for n in itertools.count():
+        keys.setdefault(cluster.owner(key_slot(f"batch:{n}")), f"batch:{n}")
+        if len(keys) == 3:
+            break
+    client = redis_client(cluster.url, cluster=True, timeout_s=2.0, scripts=(_WHERE,))
+    try:
+        calls = [(_WHERE, [key], [key]) for key in keys.values()]
+        replies = await client.evalsha_batch([*calls, (_REFUSE, ["batch:0"], [])])
+        assert replies[:3] == [[key.encode(), key.encode()] for key in keys.values()]
+        assert isinstance(replies[3], StoreUnavailable)
+    finally:
+        await client.close()
+
+
+_WHERE = Script("redis.call('SET', KEYS[1], ARGV[1]) return {KEYS[1], redis.call('GET', KEYS[1])}")
+_REFUSE = Script("return redis.error_reply('ERR refused')")

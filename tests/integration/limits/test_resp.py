@@ -127,6 +127,42 @@ async def test_noscript_falls_back_to_eval_for_calls_and_posts(redis_server: Red
         await raw.aclose()
 
 
+async def test_a_batch_is_one_write_and_each_call_gets_its_reply_or_its_error(resp: RespClient) -> None:
+    unloaded = Script("return {ARGV[1], 'unloaded'}")  # neither loaded on connect: NOSCRIPT, then EVAL
+    failing = Script("return redis.error_reply('ERR refused')")
+    await resp.call("PING")
+    conn = resp._conn
+    assert conn is not None and conn._transport is not None
+    transport, writes = conn._transport, list[bytes]()
+    write = transport.write
+
+    def counted(data: bytes | bytearray | memoryview) -> None:  # a spy on the socket's writes
+        writes.append(bytes(data))
+        write(data)
+
+    transport.write = counted  # type: ignore[method-assign]
+    replies = await resp.evalsha_batch([(ECHO, ["a"], [1]), (failing, ["b"], []), (ECHO, ["c"], [3]),
+                                        (unloaded, ["d"], ["x"])])
+    assert replies[0] == [b"a", b"1"] and replies[2] == [b"c", b"3"] and replies[3] == [b"x", b"unloaded"]
+    assert isinstance(replies[1], StoreUnavailable) and "refused" in str(replies[1])
+    # The batch in one write, then an EVAL for each script the server did not have.
+    assert len(writes) == 3 and writes[0].count(b"EVALSHA") == 4 and all(b"EVAL\r\n" in w for w in writes[1:])
+    assert await resp.evalsha(ECHO, ["k"], ["v"]) == [b"k", b"v"]  # the connection's FIFO is in step
+
+
+async def test_a_batch_without_a_server_fails_every_call(servers: Callable[..., RedisServer]) -> None:
+    server = servers()
+    alone = client(server.url, timeout_s=0.3)
+    try:
+        assert await alone.evalsha_batch([(ECHO, ["a"], [1])]) == [[b"a", b"1"]]
+        server.kill()
+        for _ in range(2):  # the connection lost under the batch, then none to send on
+            failed = await alone.evalsha_batch([(ECHO, ["a"], [1]), (ECHO, ["b"], [2])])
+            assert len(failed) == 2 and all(isinstance(reply, StoreUnavailable) for reply in failed)
+    finally:
+        await alone.close()
+
+
 async def test_posted_calls_keep_order_and_count_failures(redis_server: RedisServer) -> None:
     seen: list[tuple[str, str]] = []
     resp = client(redis_server.url, failures=seen)

@@ -8,11 +8,12 @@ import pytest
 from redis.asyncio import Redis
 
 from extproc.config.schema import SchedulingConfig
-from extproc.endpoints import Endpoint
+from extproc.endpoints import Endpoint, EndpointRegistry
 from extproc.limits import StoreUnavailable
 from extproc.limits.resp import Address, RespClient
 from extproc.scheduling import Scheduler
 from extproc.scheduling.plugins.prefix_affinity import PrefixAffinityScorer
+from extproc.server.fleet import FleetSync
 from extproc.server.placements import PLACEMENTS_KEY, PlacementSync
 from tests.integration.limits.redis_server import RedisServer
 from tests.unit.scheduling.helpers import NOW, fleet, request
@@ -151,3 +152,35 @@ async def test_a_request_is_replayed_only_while_young_on_the_redis_servers_clock
     finally:
         for sync in (a, b):
             await sync.stop()
+
+
+async def test_carried_by_the_in_flight_exchange_the_placements_go_in_its_write(server: RedisServer) -> None:
+    """The service's default: the in-flight exchange carries the placement exchange, both script calls in one
+    write on the in-flight exchange's connection (the placements' script is not loaded there: NOSCRIPT, EVAL)."""
+    rounds = []
+    for name in ("a", "b"):
+        placements, scheduler = replica(server, name)
+        registry = EndpointRegistry()
+        registry.adopt([("chat", [e.address for e in fleet(8)])])
+        in_flight = FleetSync(RespClient(Address.from_url(server.url), timeout_s=1.0, scripts=FleetSync.SCRIPTS),
+                              registry, 0.02, replica_id=name)
+        in_flight.carry(placements)
+        rounds.append((in_flight, placements, scheduler, registry))
+    (fleet_a, placed_a, sched_a, reg_a), (fleet_b, placed_b, sched_b, reg_b) = rounds
+    endpoints = fleet(8)
+    try:
+        for sync in (fleet_a, fleet_b):
+            assert await sync.run_round()  # both start recording their placements
+        conversation = SYSTEM + " user: where is my order? " * 20
+        home = route(sched_a, conversation, endpoints)
+        reg_a.endpoints()[3].in_flight = 2
+        assert await fleet_a.run_round() and await fleet_b.run_round()
+        assert placed_a.sent_lines == 2 and placed_b.learned_lines == 2  # the placement, the request replayed
+        assert [e.others_in_flight for e in reg_b.endpoints()][3] == 2  # and the in-flight counts, same write
+        assert route(sched_b, conversation + " assistant: soon. user: when?", endpoints) is home
+        assert placed_a._client._conn is None and placed_b._client._conn is None  # their own never connected
+        assert placed_a.failures_total == fleet_a.failures_total == 0
+    finally:
+        for in_flight, placements, _, _ in rounds:
+            await in_flight.stop()
+            await placements.stop()
