@@ -13,10 +13,12 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from extproc.gateway.calibration import PromptCalibration
 from extproc.limits.cluster import RedisClient
-from extproc.server.fleet import ReplicaExchange, exchange, replica_name
+from extproc.limits.resp import ScriptCall
+from extproc.server.fleet import ReplicaExchange, exchange_call, other_fields, replica_name
 
 __all__ = ["CALIBRATION_KEY", "CalibrationSync"]
 
@@ -37,13 +39,16 @@ class CalibrationSync(ReplicaExchange):
         self.replica_id = replica_id or replica_name()
         self._clock = clock
 
-    async def sync_once(self) -> int:
-        """Publish this replica's sums, adopt the fleet's; returns how many other replicas contributed."""
+    def request(self) -> ScriptCall:
+        """Publish this replica's sums, read the fleet's."""
         now = self._clock()
         value = f"{now:.3f} {json.dumps(self._calibration.export(), separators=(',', ':'))}"
-        values = await exchange(self._client, CALIBRATION_KEY, self.replica_id, value, now, self._stale_after_s)
+        return exchange_call(CALIBRATION_KEY, self.replica_id, value, now, self._stale_after_s)
+
+    def settle(self, reply: Any) -> int:
+        """Adopt the fleet's sums; returns how many other replicas contributed."""
         others = []
-        for field, raw in values.items():
+        for field, raw in other_fields(reply, (self.replica_id,)).items():
             try:
                 parsed = json.loads(raw.decode().partition(" ")[2])
                 if isinstance(parsed, dict):

@@ -36,8 +36,7 @@ from extproc.limits.types import StoreUnavailable
 from extproc.periodic import Periodic
 from extproc.server.scrape_share import SCRAPES_SUFFIX, ScrapeShare
 
-__all__ = ["FLEET_KEY", "FleetSync", "carried_every", "exchange", "exchange_call", "other_fields", "parse_counts",
-           "replica_name"]
+__all__ = ["FLEET_KEY", "FleetSync", "carried_every", "exchange_call", "other_fields", "parse_counts", "replica_name"]
 
 _log = logging.getLogger(__name__)
 
@@ -88,13 +87,6 @@ def other_fields(reply: Any, own: Collection[str]) -> dict[str, bytes]:
     return found
 
 
-async def exchange(client: RedisClient, key: str, replica_id: str, value: str, now: float,
-                   stale_after_s: float) -> dict[str, bytes]:
-    """Publish `value` as this replica's field of hash `key`; the other fields not older than `stale_after_s`."""
-    return other_fields(await client.evalsha(*exchange_call(key, replica_id, value, now, stale_after_s)),
-                        (replica_id,))
-
-
 def replica_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -104,7 +96,7 @@ class ReplicaExchange:
     call, `settle` takes the reply in (`sync_once`: both). A failed exchange is counted (`failures_total`), logged
     once per state change (and the recovery), and never ends the loop."""
 
-    SCRIPTS = (_EXCHANGE,)  # what the client must load (`exchange` runs it)
+    SCRIPTS = (_EXCHANGE,)  # what the client must load (`exchange_call` names it)
     WHAT = "replica exchange"  # for task names and log lines
 
     def __init__(self, client: RedisClient, interval_s: float, *, sleep: Sleep = asyncio.sleep) -> None:
@@ -142,14 +134,13 @@ class ReplicaExchange:
         """This round's script call (an exchange that `carry`s another or is carried builds its round this way)."""
         raise NotImplementedError
 
-    def settle(self, reply: Any) -> None:
-        """Take this round's reply in."""
+    def settle(self, reply: Any) -> object:
+        """Take this round's reply in (what it returns, `sync_once` returns)."""
         raise NotImplementedError
 
     async def sync_once(self) -> object:
         """One round alone, on this exchange's own connection."""
-        self.settle(await self._client.evalsha(*self.request()))
-        return None
+        return self.settle(await self._client.evalsha(*self.request()))
 
     def _failed(self) -> None:
         """After a failed exchange (Redis unreachable or late)."""
@@ -170,7 +161,12 @@ class ReplicaExchange:
         """This round and the carried exchanges' in one write on this connection (their script calls pipelined:
         one system call, their replies usually in one read); each carried one settles (or fails) as a round of
         its own."""
-        carried = [(other, call) for other in due if (call := other._prepare()) is not None]
+        carried: list[tuple[ReplicaExchange, ScriptCall]] = []
+        for other in due:
+            try:
+                carried.append((other, other.request()))
+            except Exception as exc:  # settled as its failed round; the others go on
+                await other._settled(exc)
         calls = [self.request(), *(call for _, call in carried)]
         # Each waits as long as it would alone (the placements read more than the in-flight counts).
         replies = await self._client.evalsha_batch(calls, max(e._client.timeout_s for e in (self, *due)))
@@ -179,14 +175,6 @@ class ReplicaExchange:
         if isinstance(replies[0], Exception):
             raise replies[0]
         self.settle(replies[0])
-
-    def _prepare(self) -> ScriptCall | None:
-        """A carried round's call, or None when building it failed (counted as a failed round of this one)."""
-        try:
-            return self.request()
-        except Exception as exc:
-            self._loop.failures.failed(f"{type(exc).__name__}: {exc}", exc)
-            return None
 
     async def _settled(self, reply: Any) -> None:
         """A carried round's end: its reply taken in, or its failure counted and handled as in a round alone."""

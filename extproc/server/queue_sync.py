@@ -14,9 +14,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from extproc.limits.cluster import RedisClient
-from extproc.server.fleet import ReplicaExchange, exchange, parse_counts, replica_name
+from extproc.limits.resp import ScriptCall
+from extproc.server.fleet import ReplicaExchange, exchange_call, other_fields, parse_counts, replica_name
 
 __all__ = ["QUEUE_KEY", "QueueSync"]
 
@@ -39,13 +41,15 @@ class QueueSync(ReplicaExchange):
         self._clock = clock
         self._others: dict[str, tuple[float, dict[str, int]]] = {}  # replica -> (time, pool -> queued)
 
-    async def sync_once(self) -> None:
+    def request(self) -> ScriptCall:
         now = self._clock()
         mine = " ".join(f"{pool} {count}" for pool, count in self._queued().items() if count > 0)
         value = f"{now:.3f} {mine}" if mine else f"{now:.3f}"
-        values = await exchange(self._client, QUEUE_KEY, self.replica_id, value, now, self._stale_after_s)
+        return exchange_call(QUEUE_KEY, self.replica_id, value, now, self._stale_after_s)
+
+    def settle(self, reply: Any) -> None:
         others: dict[str, tuple[float, dict[str, int]]] = {}
-        for field, raw in values.items():
+        for field, raw in other_fields(reply, (self.replica_id,)).items():
             try:
                 others[field] = parse_counts(raw)
             except ValueError as exc:
