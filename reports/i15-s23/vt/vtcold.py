@@ -1,4 +1,7 @@
-"""VT: per variant, the cold requests' TTFTs and hits' p99 over seeds (zipf40 shape)."""
+"""VT: per variant, TTFT p90 and p99 (means over seeds) and the cold requests' TTFTs (count, median, p75, max, share
+under 230 ms), shared-prefix shape of issue 15. Needs `arrival.diff` applied (the harness's `cold_ttft_s` and the
+arrival parameters); run from that checkout's root:
+    .venv/bin/python reports/i15-s23/vt/vtcold.py RATE POPULARITY SEEDS VARIANT...   (VARIANT: k=v,... or "")"""
 import sys, dataclasses, statistics
 from concurrent.futures import ProcessPoolExecutor
 sys.path.insert(0, '.')
