@@ -119,12 +119,18 @@ class _Conversation:
 class MultiTurnChats:
     """Conversations of `turns` rounds whose history grows, `users` of them at a time per system prompt.
 
-    There are `system_prompts x users` conversation slots, visited round-robin: request i continues the
-    conversation of slot i mod slots, so a user's next turn comes one full round of the other users later
-    (seconds, at the benchmark's rates: the previous answer has arrived, as in a real chat). Slot s always
-    talks to system prompt s mod system_prompts. A conversation that ended is replaced by a new one in its
-    slot; the first conversation of every slot is cut at a random turn, so that conversations end (and new
-    ones start) at staggered times from the first round on instead of in lockstep.
+    There are `system_prompts x users` conversation slots, each visited once a round: request i continues
+    the conversation of the slot at position i mod slots of its round's order. Every round shuffles the first
+    and the second half of the previous round's order separately, so a user's next turn comes between half a
+    round and one and a half rounds of the other users later (seconds, at the benchmark's rates: the previous
+    answer has arrived, as in a real chat) while who follows whom changes every round, as with independent
+    users. Slot s always talks to system prompt s mod system_prompts. (In plain slot order every request of
+    system prompt p was followed by one of p + 1: an engine that happened to hold both, prompts 11 and 0 say,
+    got its arrivals in pairs ~20 ms apart, two prefills in one step, and a p99 set by that placement lottery
+    for every router; the other engines never saw two of their prompts' requests in a row: reports/i15-s24.)
+    A conversation that ended is replaced by a new one in its slot; the first conversation of every slot is
+    cut at a random turn, so that conversations end (and new ones start) at staggered times from the first
+    round on instead of in lockstep.
 
     Each request replays its conversation so far plus a new question and asks for exactly as many output
     tokens as the answer appended afterwards (`ignore_eos`). The appended answer is synthetic, not what the
@@ -147,6 +153,8 @@ class MultiTurnChats:
         self._systems = [f"You are assistant {i}. " + prompt_text(self._rng, self._rng.randint(*system_tokens))
                          for i in range(system_prompts)]
         self._slots: list[_Conversation | None] = [None] * (system_prompts * users)
+        self._order_rng = random.Random(seed * 7_919 + 1)
+        self._order = self._shuffled(list(range(len(self._slots))))
         self._started = 0
         self._next_index = 0
         per_turn = _mean(question_tokens) + _mean(answer_tokens) + 2 * TEMPLATE_TOKENS
@@ -154,6 +162,14 @@ class MultiTurnChats:
         self.prefix_working_set_tokens = round(
             sum(len(s.split()) + TEMPLATE_TOKENS for s in self._systems)
             + len(self._slots) * _mean(turns) / 2 * per_turn)
+
+    def _shuffled(self, order: list[int]) -> list[int]:
+        """`order`'s first and second halves, each shuffled in place: the next round's order."""
+        half = len(order) // 2
+        first, second = order[:half], order[half:]
+        self._order_rng.shuffle(first)
+        self._order_rng.shuffle(second)
+        return first + second
 
     def _new_conversation(self, slot: int) -> _Conversation:
         number = self._started
@@ -166,7 +182,10 @@ class MultiTurnChats:
 
     def _generate(self, index: int) -> RequestSpec:
         rng = self._rng
-        slot = index % len(self._slots)
+        position = index % len(self._slots)
+        if position == 0 and index > 0:
+            self._order = self._shuffled(self._order)
+        slot = self._order[position]
         conversation = self._slots[slot]
         if conversation is None or conversation.turns_left == 0:
             conversation = self._slots[slot] = self._new_conversation(slot)
@@ -180,7 +199,8 @@ class MultiTurnChats:
         conversation.messages = [*messages, answer]
         conversation.turns_left -= 1
         labels = {"pool": self.pool, "model": self.model, "conversation": str(conversation.number),
-                  "group": str(slot % len(self._systems)), "turn": str(turn), "api": "chat", "stream": "true"}
+                  "user": str(slot), "group": str(slot % len(self._systems)), "turn": str(turn), "api": "chat",
+                  "stream": "true"}
         return RequestSpec("POST", "/v1/chat/completions", JSON_HEADERS, json.dumps(body).encode(), True, labels)
 
     def __call__(self, index: int) -> RequestSpec:

@@ -62,36 +62,56 @@ def test_shared_prefix_groups_share_exact_system_text() -> None:
     assert workload.prefix_working_set_tokens == {"chat": expected}
 
 
-def _conversations(chats: MultiTurnChats, count: int) -> dict[str, list[tuple[int, int, dict[str, Any]]]]:
-    by_conversation: dict[str, list[tuple[int, int, dict[str, Any]]]] = defaultdict(list)
+def _conversations(chats: MultiTurnChats, count: int) -> dict[str, list[tuple[int, int, dict[str, Any], str]]]:
+    by_conversation: dict[str, list[tuple[int, int, dict[str, Any], str]]] = defaultdict(list)
     for i in range(count):
         spec = chats(i)
-        by_conversation[spec.labels["conversation"]].append((i, int(spec.labels["turn"]), _body(spec)))
+        labels = spec.labels
+        by_conversation[labels["conversation"]].append((i, int(labels["turn"]), _body(spec), labels["user"]))
     return by_conversation
 
 
-def test_multi_turn_histories_grow_round_robin_with_several_users_per_system_prompt() -> None:
+def test_multi_turn_histories_grow_once_a_round_with_several_users_per_system_prompt() -> None:
     chats = MultiTurnChats("m", seed=1, system_prompts=3, users=4, system_tokens=(50, 80))
     conversations = _conversations(chats, 600)
     systems: dict[str, set[str]] = defaultdict(set)
+    gaps: set[int] = set()
     for turns in conversations.values():
-        for number, (_, turn, body) in enumerate(turns):
+        for number, (_, turn, body, _) in enumerate(turns):
             messages = body["messages"]
             assert turn == number + 1 and len(messages) == 2 * turn
             assert messages[0]["role"] == "system" and messages[-1]["role"] == "user"
             assert body["ignore_eos"] and 50 <= body["max_tokens"] <= 150
-        for (i, _, before), (j, _, after) in itertools.pairwise(turns):
-            assert j - i == 12  # one round of the 3 x 4 users later
+        for (i, _, before, _), (j, _, after, _) in itertools.pairwise(turns):
+            gaps.add(j - i)
             assert after["messages"][: len(before["messages"])] == before["messages"]  # exact prefix
             answer = after["messages"][len(before["messages"])]
             assert answer["role"] == "assistant" and len(answer["content"].split()) == before["max_tokens"]
-        systems[turns[0][2]["messages"][0]["content"]].add(str(turns[0][0] % 12))
-    assert len(systems) == 3 and all(len(slots) == 4 for slots in systems.values())  # 4 users per prompt
+        assert len({user for *_, user in turns}) == 1  # a conversation is one user's
+        systems[turns[0][2]["messages"][0]["content"]].add(turns[0][3])
+    assert len(systems) == 3 and all(len(users) == 4 for users in systems.values())  # 4 users per prompt
+    # A user's next turn comes half a round to one and a half rounds of the 3 x 4 users later, not always 12.
+    assert min(gaps) > 6 and max(gaps) < 18 and len(gaps) > 3
     lengths = [len(turns) for number, turns in conversations.items() if 12 <= int(number) < 40
                and turns[-1][0] + 12 < 600]  # later conversations that ended within the sample
     assert lengths and min(lengths) >= 5 and max(lengths) <= 10
     first_round = [len(turns) for number, turns in conversations.items() if int(number) < 12]
     assert min(first_round) < 5  # the first round is cut at random turns: ends are staggered
+
+
+def test_multi_turn_order_changes_who_follows_whom_every_round() -> None:
+    # In plain slot order system prompt p was always followed by p + 1: an engine holding both got its
+    # arrivals in pairs. Every round is shuffled instead, and each round still visits every user once.
+    chats = MultiTurnChats("m", seed=3, system_prompts=12, users=8, system_tokens=(20, 30))
+    specs = [chats(i) for i in range(96 * 4)]
+    for start in range(0, len(specs), 96):
+        assert sorted(int(s.labels["user"]) for s in specs[start:start + 96]) == list(range(96))
+    following: dict[str, set[str]] = defaultdict(set)
+    for before, after in itertools.pairwise(specs):
+        following[before.labels["group"]].add(after.labels["group"])
+    assert all(len(nexts) >= 6 for nexts in following.values())
+    same = sum(a.labels["group"] == b.labels["group"] for a, b in itertools.pairwise(specs))
+    assert 10 <= same <= 60  # about 1 in 12 pairs, as independent users would give (plain order: none)
 
 
 def test_multi_turn_is_deterministic_and_ordered() -> None:
@@ -105,7 +125,7 @@ def test_multi_turn_is_deterministic_and_ordered() -> None:
     assert _body(sequence[0]) != _body(MultiTurnChats("m", seed=6)(0))
     workload = multi_turn_workload("m", seed=0, system_prompts=12, users=8)
     assert workload.name == "multi-turn"
-    systems = {_body(workload.next_spec(i))["messages"][0]["content"] for i in range(12)}
+    systems = {_body(workload.next_spec(i))["messages"][0]["content"] for i in range(96)}  # one round
     # 12 system prompts + 96 slots x 7.5 turns / 2 x (75 + 100 + 16) tokens.
     expected = sum(len(s.split()) + 8 for s in systems) + 96 * 7.5 / 2 * 191
     assert workload.prefix_working_set_tokens == {"chat": round(expected)}
