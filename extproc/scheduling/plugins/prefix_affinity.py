@@ -32,8 +32,9 @@ share of the average would react to (moving a prefix costs a full prefill of it 
    gets the next one, so that its engine keeps it cached: the Poisson bunching of new prompts on one engine
    leaves the tail where every prefix is evenly asked (reports/i15-s12/u80b). The copies' KV is what workloads
    with cache pressure lack (mixed 80%): the cache-lifetime rule (`pair_lifetime`, `extproc.scheduling.cache_life`)
-   places one only where both copies stay cached, while the family is young (i15-s14/pairs); the KV-room gate
-   (`pair_shortfall`, `extproc.scheduling.kv_room`, off) stops pairing while engines evict. Replicas sharing
+   places one only where both copies stay cached, while the family is young (i15-s14/pairs), a conversation family
+   too (`pair_conversations`: multi-turn's system prompts spread, i15-s24); the KV-room gate (`pair_shortfall`,
+   `extproc.scheduling.kv_room`, off) stops pairing while engines evict. Replicas sharing
    placements also replay each other's requests (`extproc.scheduling.prefix_sent`), so each decides as one replica
    routing everything would, a few milliseconds late (virtual time, 3 replicas, uniform 80%: p90 48.8 ms, one
    replica 46.1, none paired 51.8; i15-s16/mirror). Replicas sharing nothing place none.
@@ -113,6 +114,7 @@ class Params:
     pair_shortfall: float = 0.0
     pair_hold_ms: float = 10000.0
     pair_lifetime: float = 3.0  # cache-lifetime rule (0: off; see 4.): copies' request intervals per lifetime
+    pair_conversations: bool = True  # the rule may pair conversation families too (False: never; see 4.)
     # With several replicas sharing placements: a new prefix goes first to an endpoint dealt to this replica when
     # it is within one request and one prefill of this prompt of the best (see the module docstring).
     owned_first: bool = True
@@ -145,7 +147,7 @@ class PrefixAffinityScorer:
                                  params.pair_refresh_ms / 1000.0, DEMAND_KEPT) if params.pair_requests > 0 else None
         self.room = KvRoom(params.pair_shortfall, params.pair_hold_ms / 1000.0) if (
             self.pairs is not None and params.pair_shortfall > 0) else None
-        self.life = CacheLife(params.pair_lifetime, params.pair_refresh_ms / 1000.0) if (
+        self.life = CacheLife(params.pair_lifetime, params.pair_refresh_ms / 1000.0, params.pair_conversations) if (
             self.pairs is not None and params.pair_lifetime > 0) else None
         self._outbox: list[tuple[str, list[int]]] | None = None  # None until a replica exchange asks
         self._sent_box: list[tuple[float, Sent]] = []  # (when, request) routed here, for the other replicas

@@ -156,14 +156,14 @@ def test_where_every_family_is_asked_alike_a_young_family_is_weighed_on_the_pool
     assert not skewed.allows(7, 3000.0, target, [home.address], NOW)
 
 
-@pytest.mark.parametrize("replayed", [False, True])
-def test_a_conversation_family_is_never_paired(replayed: bool) -> None:
+@pytest.mark.parametrize(("replayed", "conversations"), [(False, False), (True, False), (False, True), (True, True)])
+def test_a_conversation_family_is_paired_unless_conversations_are_off(replayed: bool, conversations: bool) -> None:
     endpoints = fleet(blocks=20_000)
-    life = CacheLife(margin=2.0)
+    life = CacheLife(margin=2.0, conversations=conversations)
     home, target = endpoints[0], endpoints[1]
     for n in range(40):  # a busy family, one of whose requests replays an earlier prompt (a next turn)
         life.sent(7, home.address, 300.0, 100.0, NOW - 2.0 + n * 0.05, replayed=replayed and n == 20)
-    assert life.allows(7, 300.0, target, [home.address], NOW) != replayed
+    assert life.allows(7, 300.0, target, [home.address], NOW) == (conversations or not replayed)
 
 
 def test_placements_asked_again_are_the_familys_footprint_one_offs_are_writes() -> None:
