@@ -87,14 +87,15 @@ class CacheLife:
         self._refused: OrderedDict[int, float] = OrderedDict()  # family -> refused at (oldest first)
         self._pending: OrderedDict[tuple[str, int], None] = OrderedDict()  # placements not asked there again yet
         self._copies: OrderedDict[tuple[str, int], None] = OrderedDict()  # second homes allowed, not sent yet
-        self._talks: OrderedDict[int, None] = OrderedDict()  # families a conversation's next turn was seen in
+        self._talks: OrderedDict[int, None] = OrderedDict()  # families a next turn was seen in (conversations off)
 
     def sent(self, family: int, address: str, prefix_tokens: float, written_tokens: float, now: float,
              replayed: bool = False) -> None:
         """A request of the prompt `family` (its anchor) went to `address`: `prefix_tokens` of its prompt are the
         family's shared prefix, `written_tokens` (uncached prompt and expected output) the engine writes anew;
-        `replayed`: it replays an earlier prompt whole (a conversation's next turn)."""
-        if replayed:
+        `replayed`: it replays an earlier prompt whole (a conversation's next turn; remembered only where
+        conversation families are never paired)."""
+        if replayed and not self.conversations:
             _remember(self._talks, family)
         families = self._families.setdefault(address, OrderedDict())
         entry = families.pop(family, None)
